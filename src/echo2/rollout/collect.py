@@ -1,0 +1,47 @@
+"""The rollout step shared by the in-process loop and (later) remote workers.
+
+Generates n samples per prompt with an engine, scores each on this side with the task's reward, and
+packs them into version-tagged trajectory records. Also scores held-out accuracy greedily.
+"""
+
+from __future__ import annotations
+
+from echo2.data.tasks.base import Prompt, Task
+from echo2.records import Trajectory
+from echo2.rollout.engine import Engine
+
+
+def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> list[list[Trajectory]]:
+    """One group of n scored records per prompt, tagged with the engine's installed version."""
+    version = engine.version
+    groups = []
+    for prompt, samples in zip(prompts, engine.generate(prompts, n=n), strict=True):
+        group = []
+        for s in samples:
+            score = task.score(prompt, s.text)
+            group.append(
+                Trajectory(
+                    group_id=prompt.group_id,
+                    prompt_ids=s.prompt_ids,
+                    response_ids=s.response_ids,
+                    behaviour_logprobs=s.logprobs,
+                    loss_mask=task.loss_mask(s.response_ids),
+                    reward=score.reward,
+                    version=version,
+                    metadata={"correct": score.correct, "parsed": score.parsed, "answer": prompt.answer},
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+def evaluate(engine: Engine, task: Task, prompts: list[Prompt], *, batch_size: int) -> dict[str, float]:
+    """Greedy accuracy and mean response length on held-out prompts."""
+    correct, lengths = 0, 0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        for prompt, (sample,) in zip(chunk, engine.generate(chunk, n=1, greedy=True), strict=True):
+            correct += task.score(prompt, sample.text).correct
+            lengths += len(sample.response_ids)
+    count = max(1, len(prompts))
+    return {"eval/accuracy": correct / count, "eval/response_tokens": lengths / count, "eval/count": len(prompts)}

@@ -1,0 +1,124 @@
+"""Generation engines: prompts in, sampled token ids and their behaviour log-probs out.
+
+The engine knows models and tokenizers but nothing of rewards, buffers or training. It generates
+under exactly one installed snapshot version at a time. Behaviour log-probs are log-softmax of the
+logits at the sampling temperature (top-p truncation is not renormalised into them), which is what
+the learner recomputes, so the importance ratio is 1 for an unchanged policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from echo2.config import RolloutConfig
+from echo2.data.tasks.base import Prompt
+from echo2.records import Snapshot
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+
+
+class Engine(Protocol):
+    """Implemented by `HFEngine` (CPU, transformers); a vLLM engine would implement it on GPUs."""
+
+    version: int
+
+    def install(self, snapshot: Snapshot) -> None:
+        """Generate with this snapshot from the next call on."""
+        ...
+
+    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        """n samples for each prompt, in prompt order."""
+        ...
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=False)
+    else:
+        text = "\n".join(m["content"] for m in prompt.messages) + "\n"
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, config: RolloutConfig, *, version: int = 0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.version = version
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id
+
+    def install(self, snapshot: Snapshot) -> None:
+        self.model.load_state_dict(snapshot.state)
+        self.version = snapshot.version
+
+    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
+        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
+        for p, ids in zip(prompts, encoded, strict=True):
+            if len(ids) > self.config.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt {p.group_id} has {len(ids)} tokens > rollout.max_prompt_tokens "
+                    f"= {self.config.max_prompt_tokens}"
+                )
+        return encoded
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        cfg = self.config
+        encoded = self.encode(prompts)  # each prompt is tokenized once for its n samples
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for i, ids in enumerate(encoded):  # left padding, as decoder-only generation needs
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
+        sampling = {"do_sample": False} if greedy else {
+            "do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0,
+        }
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=cfg.max_new_tokens,
+            num_return_sequences=n,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **sampling,
+        )
+        new_tokens = out.sequences[:, width:]  # [B*n, L]
+        temperature = 1.0 if greedy else cfg.temperature
+        token_lp = torch.stack(
+            [
+                torch.log_softmax(step.float() / temperature, dim=-1).gather(1, new_tokens[:, t : t + 1])[:, 0]
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        )  # [B*n, L]
+        results: list[list[Sample]] = []
+        for i, ids in enumerate(encoded):
+            group = []
+            for j in range(n):
+                row = i * n + j
+                toks = new_tokens[row].tolist()
+                length = toks.index(self.eos_id) + 1 if self.eos_id in toks else len(toks)
+                resp = tuple(toks[:length])
+                group.append(
+                    Sample(
+                        prompt_ids=tuple(ids),
+                        response_ids=resp,
+                        logprobs=tuple(token_lp[row, :length].tolist()),
+                        text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                    )
+                )
+            results.append(group)
+        return results
