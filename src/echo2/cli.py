@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     before, after = summary["eval_before"], summary["eval_after"]
     if before and after:
-        print(f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})")
+        print(
+            f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})"
+        )
     return 0
 
 

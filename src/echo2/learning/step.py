@@ -73,9 +73,15 @@ def train_step(
             with torch.no_grad():
                 ref_logp = response_logprobs(ref_model, batch, temperature=temperature)
         loss, stats = grpo_loss(
-            logp, batch.behaviour_logprobs, batch.advantages, batch.loss_mask,
-            eps_low=config.clip_eps_low, eps_high=config.clip_eps_high, num_tokens=num_tokens,
-            ref_logp=ref_logp, beta=config.kl_beta,
+            logp,
+            batch.behaviour_logprobs,
+            batch.advantages,
+            batch.loss_mask,
+            eps_low=config.clip_eps_low,
+            eps_high=config.clip_eps_high,
+            num_tokens=num_tokens,
+            ref_logp=ref_logp,
+            beta=config.kl_beta,
         )
         loss.backward()
         share = batch.num_loss_tokens / num_tokens  # loss/kl are already step-normalised sums

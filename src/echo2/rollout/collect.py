@@ -44,4 +44,8 @@ def evaluate(engine: Engine, task: Task, prompts: list[Prompt], *, batch_size: i
             correct += task.score(prompt, sample.text).correct
             lengths += len(sample.response_ids)
     count = max(1, len(prompts))
-    return {"eval/accuracy": correct / count, "eval/response_tokens": lengths / count, "eval/count": len(prompts)}
+    return {
+        "eval/accuracy": correct / count,
+        "eval/response_tokens": lengths / count,
+        "eval/count": len(prompts),
+    }

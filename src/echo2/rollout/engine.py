@@ -42,7 +42,9 @@ class Engine(Protocol):
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
     if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            list(prompt.messages), add_generation_prompt=True, tokenize=False
+        )
     else:
         text = "\n".join(m["content"] for m in prompt.messages) + "\n"
     return tokenizer(text, add_special_tokens=False).input_ids
@@ -81,9 +83,16 @@ class HFEngine:
         for i, ids in enumerate(encoded):  # left padding, as decoder-only generation needs
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
-        sampling = {"do_sample": False} if greedy else {
-            "do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0,
-        }
+        sampling = (
+            {"do_sample": False}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "top_k": 0,
+            }
+        )
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -99,7 +108,9 @@ class HFEngine:
         temperature = 1.0 if greedy else cfg.temperature
         token_lp = torch.stack(
             [
-                torch.log_softmax(step.float() / temperature, dim=-1).gather(1, new_tokens[:, t : t + 1])[:, 0]
+                torch.log_softmax(step.float() / temperature, dim=-1).gather(1, new_tokens[:, t : t + 1])[
+                    :, 0
+                ]
                 for t, step in enumerate(out.logits)
             ],
             dim=1,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+
 from echo2.config import ArithmeticTask as ArithmeticConfig
+from echo2.config import ConfigError, CustomTask
 from echo2.config import MathTask as MathConfig
 from echo2.data.tasks.base import Task
 
 
-def make_task(config: ArithmeticConfig | MathConfig, *, seed: int) -> Task:
+def make_task(config: ArithmeticConfig | MathConfig | CustomTask, *, seed: int) -> Task:
     if config.type == "arithmetic":
         from echo2.data.tasks.arithmetic import ArithmeticTask
 
@@ -16,4 +19,13 @@ def make_task(config: ArithmeticConfig | MathConfig, *, seed: int) -> Task:
         from echo2.data.tasks.math import MathTask
 
         return MathTask(config, seed=seed)
+    elif config.type == "custom":
+        module, _, name = config.factory.partition(":")
+        try:
+            factory = importlib.import_module(module)
+            for part in name.split("."):
+                factory = getattr(factory, part)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"task.factory: cannot load {config.factory!r}: {e}") from None
+        return factory(seed=seed, **config.options)
     raise AssertionError(config.type)

@@ -1,8 +1,9 @@
 """Synthetic arithmetic with a verified integer answer.
 
 Problem i of seed s is a pure function of (s, i), so runs are reproducible and resumable.
-Difficulty = digits per operand. The problem space is split by a hash of the problem: one problem in
-ten is held out, and training never draws it, so evaluation measures generalisation, not recall.
+Difficulty d: the first operand has up to d digits, the second one digit. The problem space is split
+by a hash of the problem: a fixed share is held out, training never draws it, and evaluation uses
+distinct held-out problems, so it measures generalisation, not recall.
 """
 
 from __future__ import annotations
@@ -29,29 +30,40 @@ class ArithmeticTask:
         self.config = config
         self.seed = seed
 
-    def _problem(self, stream: int, index: int, *, held_out: bool) -> Prompt:
-        rng = random.Random(stable_id("arith", stream, index, self.config.difficulty))
-        lo, hi = 10 ** (self.config.difficulty - 1), 10**self.config.difficulty - 1
-        while True:  # rejection sampling into the train or held-out part of the problem space
-            a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    def _held_out(self, a: int, op: str, b: int) -> bool:
+        return int(stable_id(a, op, b), 16) % 1000 < self.config.eval_fraction * 1000
+
+    def _draw(self, rng: random.Random, *, held_out: bool) -> tuple[int, str, int]:
+        while True:  # rejection sampling into the training or the held-out part of the space
+            a, b = rng.randint(0, 10**self.config.difficulty - 1), rng.randint(0, 9)
             op = rng.choice(self.config.operations)
-            if (int(stable_id(a, op, b), 16) % 10 == 0) == held_out:
-                break
+            if self._held_out(a, op, b) == held_out:
+                return a, op, b
+
+    def _prompt(self, group_id: str, a: int, op: str, b: int) -> Prompt:
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         question = f"{a} {op} {b} ="
         return Prompt(
-            group_id=stable_id("arith", stream, index),
+            group_id=group_id,
             messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": question}),
             answer=str(value),
             metadata={"question": question},
         )
 
     def train_prompt(self, index: int) -> Prompt:
-        return self._problem(self.seed, index, held_out=False)
+        rng = random.Random(stable_id("arith", self.seed, index, self.config.difficulty))
+        return self._prompt(stable_id("arith", self.seed, index), *self._draw(rng, held_out=False))
 
     def eval_prompts(self, count: int) -> list[Prompt]:
-        # The same held-out problems for every seed, so runs compare on one set.
-        return [self._problem(-1, i, held_out=True) for i in range(count)]
+        """Up to `count` distinct held-out problems, the same for every seed (fewer if the held-out
+        part of the problem space is smaller)."""
+        rng = random.Random(stable_id("arith-eval", self.config.difficulty))
+        seen: dict[tuple[int, str, int], None] = {}
+        for _ in range(50 * count):
+            if len(seen) == count:
+                break
+            seen.setdefault(self._draw(rng, held_out=True))
+        return [self._prompt(stable_id("arith-eval", *p), *p) for p in seen]
 
     def score(self, prompt: Prompt, response_text: str) -> Score:
         parsed = extract_integer(response_text)

@@ -11,13 +11,14 @@ import random
 from pathlib import Path
 from typing import Any
 
+from echo2.config import ConfigError
 from echo2.config import MathTask as MathConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 
 SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
 
 
-class TaskFileError(ValueError):
+class TaskFileError(ConfigError):
     """A task data file the user must fix; the message names file, line and field."""
 
 
@@ -49,7 +50,11 @@ def read_rows(path: str | Path, *, question_field: str, answer_field: str) -> li
             if fld not in row:
                 raise TaskFileError(f"{path}:{lineno}: missing field {fld!r}")
             value = row[fld]
-            if isinstance(value, bool) or not isinstance(value, str | int | float) or str(value).strip() == "":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, str | int | float)
+                or str(value).strip() == ""
+            ):
                 raise TaskFileError(f"{path}:{lineno}: field {fld!r} must be a non-empty string or number")
             values.append(str(value))
         rows.append((values[0], values[1]))
