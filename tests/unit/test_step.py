@@ -103,3 +103,18 @@ def test_micro_batching_does_not_change_the_update(tiny, rollout_cfg):
     assert abs(s1["train/grad_norm"] - s2["train/grad_norm"]) < 1e-4 and s1["train/grad_norm"] > 0
     assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
     assert any(not torch.equal(w1[k], model.state_dict()[k]) for k in w1), "the step changed weights"
+
+
+def test_shared_prefill_gives_the_same_greedy_samples(tiny, rollout_cfg):
+    """n samples share one prefill of their prompt; greedily they must equal a single generation."""
+    model, tok = tiny
+    task = make_task(ArithmeticConfig(), seed=0)
+    engine = HFEngine(copy.deepcopy(model), tok, rollout_cfg)
+    prompts = [task.train_prompt(i) for i in range(3)] + task.eval_prompts(1)  # different lengths
+    single = engine.generate(prompts, n=1, greedy=True)
+    shared = engine.generate(prompts, n=3, greedy=True)
+    for (one,), group in zip(single, shared, strict=True):
+        assert len(group) == 3
+        for s in group:
+            assert s.response_ids == one.response_ids and s.prompt_ids == one.prompt_ids
+            assert max(abs(a - b) for a, b in zip(s.logprobs, one.logprobs, strict=True)) < 1e-5

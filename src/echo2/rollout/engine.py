@@ -93,11 +93,25 @@ class HFEngine:
                 "top_k": 0,
             }
         )
+        cache = None
+        if n > 1 and width > 1:
+            # Prefill each prompt once and share its KV cache among its n samples: all but the last
+            # prompt token go through the model here; generate() continues from the repeated cache.
+            prefill = self.model(
+                input_ids=input_ids[:, :-1],
+                attention_mask=attention[:, :-1],
+                position_ids=(attention[:, :-1].cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+            )
+            cache = prefill.cache
+            cache.batch_repeat_interleave(n)
+            input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
+            cache=cache,
             max_new_tokens=cfg.max_new_tokens,
-            num_return_sequences=n,
+            num_return_sequences=1 if cache is not None else n,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
             output_logits=True,
