@@ -1,32 +1,70 @@
 """`echo2` command line. Thin: parse, validate the config, then import the heavy modules.
 
-User mistakes (bad config key, missing file) exit with status 2 and one line naming the key or
-file, before anything starts.
+User mistakes (bad config key, missing file, missing token) exit with status 2 and one line naming
+the key or file, before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 
 from echo2.config import ConfigError, build_config, dump_toml, load_config, parse_overrides, read_toml
 
+log = logging.getLogger("echo2")
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="echo2", description="Cost-efficient RL post-training of LLMs (ECHO-2).")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser(
-        "run",
-        help="train with GRPO on this machine (learner and rollout take turns)",
-        description="Run GRPO from a TOML config. Any field can be overridden: --learner.lr=1e-6.",
-        epilog="example: echo2 run configs/quickstart.toml --run.seed=1 --learner.steps=10",
+    for name, help_ in (
+        ("run", "train with GRPO: in process, or with --workers K local worker processes"),
+        ("learner", "serve the coordinator and train on what remote workers push"),
+    ):
+        r = sub.add_parser(
+            name,
+            help=help_,
+            description=f"{help_}. Any config field can be overridden: --learner.lr=1e-6.",
+            epilog=f"example: echo2 {name} configs/quickstart.toml --run.seed=1 --learner.steps=10",
+        )
+        r.add_argument("config", nargs="?", help="TOML config file (omit with --resume)")
+        r.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+        r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+        r.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
+        if name == "run":
+            r.add_argument(
+                "--workers",
+                type=int,
+                default=0,
+                metavar="K",
+                help="start K worker processes on loopback (0: learner and rollout take turns)",
+            )
+    w = sub.add_parser(
+        "worker",
+        help="generate rollouts for a learner's coordinator",
+        description="Register with a coordinator, install its snapshots, lease prompts, "
+        "generate, score and push trajectories until stopped (SIGTERM/Ctrl-C).",
     )
-    r.add_argument("config", nargs="?", help="TOML config file (omit with --resume)")
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
-    r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
+    w.add_argument("--coordinator", required=True, metavar="URL", help="e.g. http://10.0.0.2:8765")
+    w.add_argument(
+        "--token", default=os.environ.get("ECHO2_TOKEN"), help="bearer token (default $ECHO2_TOKEN)"
+    )
+    w.add_argument("--name", default=socket.gethostname(), help="worker name shown in /status")
+    w.add_argument("--price-per-hour", type=float, default=0.0, help="USD per hour, for cost accounting")
+    w.add_argument("--hardware", default="cpu", help="free-form description shown in /status")
+    w.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    w.add_argument(
+        "--give-up-after",
+        type=float,
+        default=300.0,
+        metavar="SEC",
+        help="stop retrying an unreachable coordinator after this long",
+    )
+    w.add_argument("-q", "--quiet", action="store_true", help="warnings only")
     return p
 
 
@@ -46,39 +84,119 @@ def _resolve(args: argparse.Namespace, extra: list[str]):
     return config, config.run_dir()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, extra = _parser().parse_known_args(argv)
-    try:
-        config, run_dir = _resolve(args, extra)
-    except ConfigError as e:
-        print(f"echo2: config error: {e}", file=sys.stderr)
-        return 2
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _train(args: argparse.Namespace, extra: list[str]) -> int:
+    workers = getattr(args, "workers", 0)
+    if workers < 0:
+        raise ConfigError("--workers: must be >= 0")
+    config, run_dir = _resolve(args, extra)
     if args.dry_run:
         print(dump_toml(config), end="")
         return 0
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.resume:
+        from echo2.learning.checkpoint import checkpoint_dir
+
+        checkpoint_dir(run_dir)
+    elif (run_dir / "checkpoint").exists():
+        raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
+    _setup_logging(args.quiet)
     from echo2.learning.loop import run  # heavy: torch, transformers
 
-    try:
-        if args.resume:
-            from echo2.learning.checkpoint import checkpoint_dir
+    remote = args.command == "learner" or workers > 0
+    if workers:
+        from echo2.rollout.local_fleet import LocalFleet
 
-            checkpoint_dir(run_dir)
-        elif (run_dir / "checkpoint").exists():
-            raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
-        summary = run(config, run_dir=run_dir, resume=bool(args.resume), progress=not args.quiet)
-    except ConfigError as e:
-        print(f"echo2: config error: {e}", file=sys.stderr)
-        return 2
+        fleet = LocalFleet(workers, threads=config.run.threads)
+        config = config.model_copy(
+            update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
+        )
+        on_ready = fleet.start
+    else:
+        fleet = None
+
+        def on_ready(source) -> None:
+            if remote:
+                print(f"coordinator: {source.url}  token: {source.token}", flush=True)
+
+    try:
+        summary = run(
+            config,
+            run_dir=run_dir,
+            resume=bool(args.resume),
+            progress=not args.quiet,
+            remote=remote,
+            on_ready=on_ready,
+        )
+    finally:
+        if fleet:
+            fleet.stop()
     before, after = summary["eval_before"], summary["eval_after"]
     if before and after:
         print(
             f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})"
         )
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if not args.token:
+        raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
+    _setup_logging(args.quiet)
+    import asyncio
+    import signal
+
+    import torch
+
+    from echo2.rollout.worker import CallFailed, Worker
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    worker = Worker(
+        url=args.coordinator,
+        token=args.token,
+        name=args.name,
+        price_per_hour=args.price_per_hour,
+        hardware=args.hardware,
+        give_up_after=args.give_up_after,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await worker.run(stop)
+
+    try:
+        asyncio.run(main())
+    except CallFailed as e:
+        if e.status == 401:
+            raise ConfigError(f"--token: the coordinator refused it ({e.body})") from None
+        raise
+    except ConnectionError as e:
+        print(f"echo2 worker: {e}", file=sys.stderr)
+        return 1
+    log.info("worker stopped: %s", worker.counts)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = _parser().parse_known_args(argv)
+    try:
+        if args.command == "worker":
+            if extra:
+                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+            return _worker(args)
+        return _train(args, extra)
+    except ConfigError as e:
+        print(f"echo2: config error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -153,6 +153,32 @@ class LearnerConfig(_Section):
         return self.kappa if self.kappa is not None else max(1, self.staleness - 1)
 
 
+# ---------------------------------------------------------------------------- coordinator
+class CoordinatorConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the coordinator binds (`echo2 learner`); use 0.0.0.0 to accept remote workers."""
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 lets the OS choose (printed at start)."""
+    token: str | None = None
+    """Bearer token workers must present; default: $ECHO2_TOKEN, else a random one printed at start."""
+    groups_per_lease: int | None = Field(None, ge=1)
+    """Prompts per work lease; default rollout.prompts_per_step."""
+    lease_timeout: float = Field(300.0, gt=0)
+    """Seconds before an unfinished lease is reissued to another worker."""
+    heartbeat_interval: float = Field(2.0, gt=0)
+    """Seconds between worker heartbeats."""
+    heartbeat_timeout: float = Field(15.0, gt=0)
+    """A worker silent this long is marked lost and its leases are reissued."""
+    wait_timeout: float = Field(1800.0, gt=0)
+    """The learner gives up if no admissible batch arrives for this long (no live workers)."""
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> CoordinatorConfig:
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ValueError("coordinator.heartbeat_timeout: must exceed coordinator.heartbeat_interval")
+        return self
+
+
 # ---------------------------------------------------------------------------- run
 class RunConfig(_Section):
     dir: str = "runs/{name}-seed{seed}"
@@ -176,6 +202,7 @@ class Config(_Section):
     task: TaskConfig = Field(default_factory=ArithmeticTask)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     def run_dir(self) -> Path:

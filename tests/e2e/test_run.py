@@ -33,7 +33,7 @@ def test_three_step_run_then_resume(tmp_path, capsys):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["eval/count"] == 4 and summary["eval_after"] is not None
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
-    assert state["step"] == 3 and state["version"] == 3 and state["next_prompt"] == 6
+    assert state["step"] == 3 and state["version"] == 3 and state["source"]["next_prompt"] == 6
     assert "held-out accuracy" in capsys.readouterr().out
 
     # a second plain start refuses to overwrite the run
@@ -44,7 +44,7 @@ def test_three_step_run_then_resume(tmp_path, capsys):
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["version"] == 5
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
-    assert state["next_prompt"] == 10, "prompts continue where the first run stopped"
+    assert state["source"]["next_prompt"] == 10, "prompts continue where the first run stopped"
     assert json.loads((run_dir / "summary.json").read_text())["eval_before"] == summary["eval_before"]
 
 

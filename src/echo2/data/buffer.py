@@ -53,6 +53,13 @@ class ReplayBuffer:
             return "group_overflow"
         return None
 
+    def seen(self, record_id: str) -> bool:
+        """Whether this record was ever stored (it may since have been handed out)."""
+        return record_id in self._seen
+
+    def group_count(self, group_id: str) -> int:
+        return len(self._groups.get(group_id, ()))
+
     def set_learner_version(self, version: int) -> None:
         """Advance the learner version and evict every group holding a record now too old."""
         assert version >= self.learner_version, "learner version never goes back"

@@ -1,9 +1,10 @@
-"""The in-process GRPO loop: rollout and learner take turns on one machine (`echo2 run`, no workers).
+"""The GRPO learner loop (`echo2 run`, `echo2 learner`).
 
-Reads top to bottom: load task, tokenizer and model; evaluate; then per step collect whole groups
-into the replay buffer, take an admissible batch, train, advance the version, publish a snapshot
-every kappa steps; evaluate again and checkpoint. The rollout engine holds its own copy of the
-weights and only ever sees published snapshots, exactly as a remote worker would.
+Reads top to bottom: load task, tokenizer and model; evaluate; then per step take whole admissible
+groups from the rollout source, train, advance the version, publish a snapshot every kappa steps;
+evaluate again and checkpoint. The source is either the learner's own engine taking turns with it
+(`LocalRollout`, no workers) or the coordinator fed by remote workers (`RemoteRollout`); the loop
+does not know which. Rollout engines only ever see published snapshots.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import os
 import statistics
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,9 @@ from echo2.learning.model import load_model, load_tokenizer
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.records import Snapshot
-from echo2.rollout.collect import collect, evaluate
+from echo2.rollout.collect import evaluate
 from echo2.rollout.engine import HFEngine
+from echo2.rollout.local import LocalRollout
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +43,21 @@ def publish(model, version: int) -> Snapshot:
     return Snapshot(version=version, state={k: v.detach().clone() for k, v in model.state_dict().items()})
 
 
-def run(config: Config, *, run_dir: Path, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+def run(
+    config: Config,
+    *,
+    run_dir: Path,
+    resume: bool = False,
+    progress: bool = True,
+    remote: bool = False,
+    on_ready: Callable[[Any], None] = lambda source: None,
+) -> dict[str, Any]:
+    """Train for `learner.steps`. With `remote`, serve a coordinator and train on what workers push;
+    `on_ready(source)` is called once it listens (to start workers or print the URL)."""
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
 
-    # ---- task (validated before anything is written), tokenizer, policy, optimizer, rollout engine
+    # ---- task (validated before anything is written), tokenizer, policy, optimizer, rollout source
     task = make_task(config.task, seed=config.run.seed)
     eval_prompts = task.eval_prompts(config.run.eval_size)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -53,13 +67,23 @@ def run(config: Config, *, run_dir: Path, resume: bool = False, progress: bool =
     model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
     optimizer = make_optimizer(model, lcfg)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
-    buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
-    state = {"step": 0, "version": 0, "next_prompt": 0, "eval_before": None}
+    state: dict[str, Any] = {"step": 0, "version": 0, "eval_before": None}
+    saved_source = None
     if resume:
         state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
-        buffer.load_state_dict(state.pop("buffer"))
+        saved_source = state.pop("source")
         logger.info("resumed %s at step %d (version %d)", run_dir, state["step"], state["version"])
     engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state["version"])
+    buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
+    buffer.set_learner_version(state["version"])
+    if remote:
+        from echo2.control.remote import RemoteRollout
+
+        source = RemoteRollout(config=config, task=task, buffer=buffer, vocab_size=len(tokenizer))
+    else:
+        source = LocalRollout(engine=engine, task=task, buffer=buffer, config=rcfg, seed=config.run.seed)
+    if saved_source:
+        source.load_state_dict(saved_source)
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
@@ -72,81 +96,80 @@ def run(config: Config, *, run_dir: Path, resume: bool = False, progress: bool =
             run_dir,
             model=model,
             optimizer=optimizer,
-            state={**state, "buffer": buffer.state_dict()},
+            state={**state, "source": source.state_dict()},
             config_toml=config_toml,
         )
 
-    if state["eval_before"] is None and eval_prompts:
-        state["eval_before"] = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
-        logger.info("held-out accuracy before training: %.3f", state["eval_before"]["eval/accuracy"])
+    try:
+        if state["eval_before"] is None and eval_prompts:
+            state["eval_before"] = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
+            logger.info("held-out accuracy before training: %.3f", state["eval_before"]["eval/accuracy"])
+        if remote:
+            source.publish(publish(model, state["version"]))  # workers start from the current weights
+        on_ready(source)
 
-    # ---- the loop
-    bar = tqdm(
-        range(state["step"], lcfg.steps),
-        initial=state["step"],
-        total=lcfg.steps,
-        desc="grpo",
-        disable=not progress,
-        unit="step",
-    )
-    for step in bar:
-        t0 = time.perf_counter()
-        # rollout: fill the buffer with whole groups generated by the installed snapshot
-        rollout_tokens = 0
-        while buffer.num_ready_groups() < rcfg.prompts_per_step:
-            start = state["next_prompt"]
-            prompts = [task.train_prompt(i) for i in range(start, start + rcfg.prompts_per_step)]
-            state["next_prompt"] = start + rcfg.prompts_per_step
-            torch.manual_seed(config.run.seed * 1_000_003 + start)  # sampling depends on seed + cursor
-            groups = collect(engine, task, prompts, n=rcfg.group_size)
-            buffer.add(r for g in groups for r in g)
-            rollout_tokens += sum(len(r.response_ids) for g in groups for r in g)
-        t1 = time.perf_counter()
-
-        # learner: one GRPO step on admissible groups, then advance the version
-        groups, staleness = buffer.take(rcfg.prompts_per_step)
-        stats = train_step(
-            model,
-            optimizer,
-            groups,
-            lcfg,
-            pad_id=tokenizer.pad_token_id,
-            temperature=rcfg.temperature,
-            ref_model=ref_model,
+        # ---- the loop
+        staleness_hist: Counter[int] = Counter()
+        bar = tqdm(
+            range(state["step"], lcfg.steps),
+            initial=state["step"],
+            total=lcfg.steps,
+            desc="grpo",
+            disable=not progress,
+            unit="step",
         )
-        t2 = time.perf_counter()
-        state["step"] = step + 1
-        state["version"] += 1
-        buffer.set_learner_version(state["version"])
-        if state["version"] % lcfg.publish_every == 0:
-            engine.install(publish(model, state["version"]))
+        for step in bar:
+            t0 = time.perf_counter()
+            groups, staleness, rollout_stats = source.next_groups(rcfg.prompts_per_step)
+            assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
+            t1 = time.perf_counter()
+            stats = train_step(
+                model,
+                optimizer,
+                groups,
+                lcfg,
+                pad_id=tokenizer.pad_token_id,
+                temperature=rcfg.temperature,
+                ref_model=ref_model,
+            )
+            t2 = time.perf_counter()
+            state["step"] = step + 1
+            state["version"] += 1
+            source.advance(state["version"])
+            if state["version"] % lcfg.publish_every == 0:
+                source.publish(publish(model, state["version"]))
+            if remote:
+                source.record_train_time(t2 - t1)
 
-        records = [r for g in groups for r in g]
-        row = {
-            "step": step,
-            "version": state["version"],
-            "reward/mean": statistics.fmean(r.reward for r in records),
-            "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
-            "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
-            **stats,
-            "staleness/mean": statistics.fmean(staleness),
-            "staleness/max": float(max(staleness)),
-            "buffer/rejected_stale": float(buffer.rejected["stale"]),
-            "time/step": t2 - t0,
-            "time/rollout": t1 - t0,
-            "time/train": t2 - t1,
-            "throughput/rollout_tokens_per_s": rollout_tokens / max(t1 - t0, 1e-9),
-            "throughput/train_tokens_per_s": stats["train/tokens"] / max(t2 - t1, 1e-9),
-        }
-        metrics.write(row)
-        bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
-        if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
-            save()
-    metrics.close()
+            records = [r for g in groups for r in g]
+            staleness_hist.update(staleness)
+            row = {
+                "step": step,
+                "version": state["version"],
+                "reward/mean": statistics.fmean(r.reward for r in records),
+                "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
+                "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
+                **stats,
+                "staleness/mean": statistics.fmean(staleness),
+                "staleness/max": float(max(staleness)),
+                **{f"staleness/count_{k}": float(v) for k, v in sorted(staleness_hist.items())},
+                "buffer/rejected_stale": float(buffer.rejected["stale"]),
+                "time/step": t2 - t0,
+                "time/train": t2 - t1,
+                **rollout_stats,
+                "throughput/train_tokens_per_s": stats["train/tokens"] / max(t2 - t1, 1e-9),
+            }
+            metrics.write(row)
+            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
+            if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
+                save()
+        extra = source.timings() if remote else {}
+    finally:
+        metrics.close()
+        source.close()
 
     # ---- final evaluation and checkpoint
-    if engine.version != state["version"]:
-        engine.install(publish(model, state["version"]))
+    engine.install(publish(model, state["version"]))
     eval_after = (
         evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
     )
@@ -157,6 +180,8 @@ def run(config: Config, *, run_dir: Path, resume: bool = False, progress: bool =
         "eval_before": state["eval_before"],
         "eval_after": eval_after,
         "rejected": dict(buffer.rejected),
+        "staleness_histogram": {str(k): v for k, v in sorted(staleness_hist.items())},
+        **extra,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if eval_after:

@@ -11,6 +11,12 @@ from echo2.records import Trajectory
 from echo2.rollout.engine import Engine
 
 
+def rollout_seed(run_seed: int, first_index: int) -> int:
+    """Sampling seed of a batch of prompts: a function of the run seed and the first prompt index,
+    so in-process and remote rollouts of the same prompts under the same weights sample alike."""
+    return run_seed * 1_000_003 + first_index
+
+
 def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> list[list[Trajectory]]:
     """One group of n scored records per prompt, tagged with the engine's installed version."""
     version = engine.version

@@ -1,0 +1,1 @@
+"""Control plane: the coordinator (registry, heartbeats, leases, ingestion, snapshots, status)."""

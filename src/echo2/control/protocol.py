@@ -1,0 +1,84 @@
+"""Wire schemas of the coordinator's HTTP API (pydantic, `extra="forbid"`). See docs/protocol.md.
+
+Imports no torch and no aiohttp: the coordinator validates requests with these models, the worker
+builds them, and the tests use both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API = "/v1"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Wire):
+    name: str = Field(min_length=1, max_length=128)
+    hardware: str = Field("cpu", max_length=256)
+    price_per_hour: float = Field(0.0, ge=0, allow_inf_nan=False)
+    inbound: bool = False
+    """Whether the worker accepts inbound connections (relay role in the broadcast issue)."""
+
+
+class RegisterResponse(_Wire):
+    worker_id: str
+    run: dict[str, Any]
+    """The sections a worker needs: model, task, rollout and run.seed."""
+    heartbeat_interval: float
+    published_version: int
+
+
+class HeartbeatRequest(_Wire):
+    worker_id: str
+    version: int = Field(ge=-1)
+    throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Trajectories per second measured by the worker."""
+
+
+class LeaseRequest(_Wire):
+    worker_id: str
+    version: int = Field(ge=-1)
+    """The worker's installed version; no lease is granted while it is older than v_learner - S."""
+    max_groups: int = Field(ge=1, le=1024)
+
+
+class LeaseResponse(_Wire):
+    lease_id: str
+    indices: list[int]
+    """Training prompt indices; the worker builds prompts with the task, as the learner would."""
+    deadline_s: float
+    """Seconds from now until the lease is reissued to another worker."""
+
+
+class ReturnRequest(_Wire):
+    worker_id: str
+    lease_id: str
+
+
+class WireRecord(_Wire):
+    record_id: str = Field(min_length=1, max_length=64)
+    group_id: str = Field(min_length=1, max_length=64)
+    prompt_ids: list[int] = Field(min_length=1)
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    version: int = Field(ge=0)
+    metadata: dict[str, Any] = {}
+
+
+class PushRequest(_Wire):
+    worker_id: str
+    lease_id: str
+    records: list[WireRecord] = Field(min_length=1, max_length=4096)
+
+
+class Manifest(_Wire):
+    version: int
+    size: int
+    sha256: str

@@ -1,0 +1,144 @@
+"""Remote rollout source: the coordinator serves workers; the learner takes what they pushed.
+
+The learner never waits for a particular worker: it takes the first `num_groups` admissible groups
+in the buffer, whoever generated them. It measures how long it waited (learner idle time) and when
+each published version reached a fraction q of the active workers (T_bcast).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import statistics
+import time
+from typing import Any
+
+from echo2.config import Config
+from echo2.control.coordinator import Coordinator
+from echo2.control.state import CoordinatorState, Limits, WorkerStatus
+from echo2.data.buffer import ReplayBuffer
+from echo2.data.tasks.base import Task
+from echo2.records import Snapshot
+
+logger = logging.getLogger(__name__)
+
+BCAST_QUANTILE = 0.9  # q = 1 / gamma with the paper's gamma of about 1.1
+
+
+def serialise(snapshot: Snapshot) -> bytes:
+    from safetensors.torch import save
+
+    return save(snapshot.state)  # publish() cloned every tensor, so tied weights share no storage
+
+
+class RemoteRollout:
+    def __init__(self, *, config: Config, task: Task, buffer: ReplayBuffer, vocab_size: int) -> None:
+        self.config = config
+        self.buffer = buffer
+        ccfg = config.coordinator
+        self.state = CoordinatorState(
+            buffer=buffer,
+            limits=Limits(
+                vocab_size=vocab_size,
+                max_prompt_tokens=config.rollout.max_prompt_tokens,
+                max_new_tokens=config.rollout.max_new_tokens,
+                group_size=config.rollout.group_size,
+            ),
+            group_id_of=lambda i: task.train_prompt(i).group_id,
+            lease_timeout=ccfg.lease_timeout,
+            heartbeat_timeout=ccfg.heartbeat_timeout,
+        )
+        self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
+        worker_view = config.model_dump(mode="json", include={"model", "task", "rollout", "coordinator"})
+        worker_view["run"] = {"seed": config.run.seed}
+        self.t_train: list[float] = []
+        self.idle = 0.0
+        self.train = 0.0
+        self.published_at: dict[int, float] = {}
+        self.t_bcast: dict[int, float] = {}
+        self.coordinator = Coordinator(
+            self.state,
+            token=self.token,
+            run_info=worker_view,
+            heartbeat_interval=ccfg.heartbeat_interval,
+            status_extra=self.timings,
+        )
+        self.before_close: list = []
+        """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
+        self.url = self.coordinator.start(ccfg.host, ccfg.port)
+
+    # ------------------------------------------------------------------ RolloutSource
+    def next_groups(self, num_groups: int):
+        start = time.perf_counter()
+        groups, staleness = self.state.take_groups(num_groups, timeout=self.config.coordinator.wait_timeout)
+        waited = time.perf_counter() - start
+        if not groups:
+            raise RuntimeError(
+                f"no admissible batch within coordinator.wait_timeout = "
+                f"{self.config.coordinator.wait_timeout}s "
+                f"(active workers: {self.active_workers()})"
+            )
+        self.idle += waited
+        self._update_bcast()
+        return groups, staleness, {"time/learner_wait": waited, "time/rollout": waited}
+
+    def record_train_time(self, seconds: float) -> None:
+        self.t_train.append(seconds)
+        self.train += seconds
+
+    def advance(self, version: int) -> None:
+        self.state.set_learner_version(version)
+
+    def publish(self, snapshot: Snapshot) -> None:
+        data = serialise(snapshot)
+        self.published_at[snapshot.version] = time.monotonic()
+        self.state.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.state.lock:
+            pending = list(self.state.reissue) + [
+                i for lease in self.state.leases.values() for i in lease.indices
+            ]
+            return {
+                "next_prompt": self.state.next_index,
+                "reissue": pending,
+                "buffer": self.buffer.state_dict(),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.state.lock:
+            self.state.next_index = state["next_prompt"]
+            self.state.reissue.extend(state.get("reissue", []))
+            self.buffer.load_state_dict(state["buffer"])
+
+    def close(self) -> None:
+        for hook in self.before_close:
+            hook()
+        self.state.close()
+        self.coordinator.stop()
+
+    # ------------------------------------------------------------------ measurements
+    def active_workers(self) -> int:
+        with self.state.lock:
+            return sum(w.status is WorkerStatus.ACTIVE for w in self.state.workers.values())
+
+    def _update_bcast(self) -> None:
+        with self.state.lock:
+            active = [w for w in self.state.workers.values() if w.status is WorkerStatus.ACTIVE]
+            for v, t0 in self.published_at.items():
+                if v in self.t_bcast or not active:
+                    continue
+                have = sum(w.version >= v for w in active)
+                if have >= BCAST_QUANTILE * len(active):
+                    self.t_bcast[v] = time.monotonic() - t0
+
+    def timings(self) -> dict[str, Any]:
+        busy = self.idle + self.train
+        return {
+            "t_train": statistics.median(self.t_train) if self.t_train else None,
+            "t_bcast": statistics.median(self.t_bcast.values()) if self.t_bcast else None,
+            "learner_idle_s": self.idle,
+            "bubble_ratio": self.idle / busy if busy else None,
+            "ingest_rejected": dict(self.state.rejected),
+        }

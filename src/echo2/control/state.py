@@ -1,0 +1,284 @@
+"""The coordinator's state machine: worker registry, heartbeats, leases, ingestion, snapshots.
+
+Pure bookkeeping behind one lock, with an injectable clock: no sockets, no asyncio, so the HTTP
+layer (coordinator.py), the learner thread and the tests all drive the same code. Ingestion is
+all-or-nothing: a batch with one bad record is rejected whole, with a reason, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from echo2.data.buffer import ReplayBuffer
+from echo2.records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerStatus(StrEnum):
+    ACTIVE = "active"
+    LOST = "lost"
+
+
+class Rejected(Exception):
+    """A request refused with an HTTP status and a reason; nothing was changed."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.status, self.reason, self.detail = status, reason, detail
+
+
+@dataclass(slots=True, kw_only=True)
+class WorkerInfo:
+    worker_id: str
+    name: str
+    hardware: str
+    price_per_hour: float
+    inbound: bool
+    last_seen: float
+    version: int = -1
+    throughput: float = 0.0
+    status: WorkerStatus = WorkerStatus.ACTIVE
+
+
+@dataclass(slots=True, kw_only=True)
+class Lease:
+    lease_id: str
+    worker_id: str
+    indices: tuple[int, ...]
+    group_ids: frozenset[str]
+    deadline: float
+    done_groups: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    vocab_size: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    group_size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotBlob:
+    version: int
+    data: bytes
+    sha256: str
+
+
+class CoordinatorState:
+    def __init__(
+        self,
+        *,
+        buffer: ReplayBuffer,
+        limits: Limits,
+        group_id_of: Callable[[int], str],
+        lease_timeout: float,
+        heartbeat_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.buffer = buffer
+        self.limits = limits
+        self.group_id_of = group_id_of
+        self.lease_timeout = lease_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.ready = threading.Condition(self.lock)  # notified when groups arrive or state changes
+        self.workers: dict[str, WorkerInfo] = {}
+        self.leases: dict[str, Lease] = {}
+        self.snapshots: dict[int, SnapshotBlob] = {}
+        self.published_version = -1
+        self.next_index = 0
+        self.reissue: deque[int] = deque()
+        self.rejected: Counter[str] = Counter()
+        """Records refused at ingestion, by reason."""
+        self.accepted = 0
+        self.closed = False
+
+    # ------------------------------------------------------------------ workers
+    def register(self, *, name: str, hardware: str, price_per_hour: float, inbound: bool) -> WorkerInfo:
+        with self.lock:
+            info = WorkerInfo(
+                worker_id=uuid.uuid4().hex[:12],
+                name=name,
+                hardware=hardware,
+                price_per_hour=price_per_hour,
+                inbound=inbound,
+                last_seen=self.clock(),
+            )
+            self.workers[info.worker_id] = info
+            logger.info("worker joined: %s (%s, %s)", name, info.worker_id, hardware)
+            return info
+
+    def _worker(self, worker_id: str) -> WorkerInfo:
+        info = self.workers.get(worker_id)
+        if info is None or info.status is WorkerStatus.LOST:
+            raise Rejected(404, "unknown_worker", f"worker {worker_id!r} is not registered; register again")
+        info.last_seen = self.clock()
+        return info
+
+    def heartbeat(self, worker_id: str, *, version: int, throughput: float) -> None:
+        with self.lock:
+            info = self._worker(worker_id)
+            if version > self.published_version:
+                raise Rejected(
+                    422, "future_version", f"version {version} > published {self.published_version}"
+                )
+            info.version, info.throughput = version, throughput
+
+    def expire(self) -> None:
+        """Mark silent workers lost and reissue expired leases (called periodically)."""
+        with self.lock:
+            now = self.clock()
+            for info in self.workers.values():
+                if info.status is WorkerStatus.ACTIVE and now - info.last_seen > self.heartbeat_timeout:
+                    info.status = WorkerStatus.LOST
+                    logger.info(
+                        "worker lost: %s (%s), silent %.1fs", info.name, info.worker_id, now - info.last_seen
+                    )
+            for lease in list(self.leases.values()):
+                lost = self.workers[lease.worker_id].status is WorkerStatus.LOST
+                if now > lease.deadline or lost:
+                    self._reissue(lease)
+
+    def _reissue(self, lease: Lease) -> None:
+        del self.leases[lease.lease_id]
+        todo = [i for i in lease.indices if self.group_id_of(i) not in lease.done_groups]
+        self.reissue.extend(todo)
+        logger.info("lease %s of %s reissued (%d groups)", lease.lease_id, lease.worker_id, len(todo))
+
+    # ------------------------------------------------------------------ leases
+    def lease(self, worker_id: str, *, version: int, max_groups: int) -> Lease | None:
+        """Prompts to generate, or None: nothing published yet, or the worker's installed version is
+        already too old to be admitted (it should install the newest snapshot first)."""
+        with self.lock:
+            self._worker(worker_id)
+            if self.published_version < 0 or self.closed or version < self.buffer.min_version():
+                return None
+            indices = []
+            while len(indices) < max_groups and self.reissue:
+                indices.append(self.reissue.popleft())
+            while len(indices) < max_groups:
+                indices.append(self.next_index)
+                self.next_index += 1
+            lease = Lease(
+                lease_id=uuid.uuid4().hex[:12],
+                worker_id=worker_id,
+                indices=tuple(indices),
+                group_ids=frozenset(self.group_id_of(i) for i in indices),
+                deadline=self.clock() + self.lease_timeout,
+            )
+            self.leases[lease.lease_id] = lease
+            return lease
+
+    def return_lease(self, worker_id: str, lease_id: str) -> None:
+        with self.lock:
+            self._worker(worker_id)
+            lease = self.leases.get(lease_id)
+            if lease is not None and lease.worker_id == worker_id:
+                self._reissue(lease)
+
+    # ------------------------------------------------------------------ ingestion
+    def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
+        """Store a batch whole or not at all. A retried batch is acknowledged, stored once."""
+        with self.lock:
+            self._worker(worker_id)
+            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+            if not fresh:
+                return {"accepted": 0, "duplicates": len(records)}
+            try:
+                self._check_batch(worker_id, lease_id, fresh)
+            except Rejected as e:
+                self.rejected[e.reason] += len(fresh)
+                lease = self.leases.get(lease_id)
+                if e.reason == "stale" and lease is not None and lease.worker_id == worker_id:
+                    self._reissue(lease)  # regenerate these prompts under a newer version
+                raise
+            lease = self.leases[lease_id]
+            stored = self.buffer.add(fresh)
+            assert stored == len(fresh), "validated records are all admitted"
+            by_group = Counter(r.group_id for r in fresh)
+            for gid in by_group:
+                if self.buffer.group_count(gid) == self.limits.group_size:
+                    lease.done_groups.add(gid)
+            if lease.done_groups == lease.group_ids:
+                del self.leases[lease_id]
+            self.accepted += stored
+            self.ready.notify_all()
+            return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+
+    def _check_batch(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> None:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            raise Rejected(409, "lease_expired", f"lease {lease_id!r} is not held by this worker")
+        lim = self.limits
+        floor = self.buffer.min_version()
+        per_group = Counter(r.group_id for r in records)
+        for r in records:
+            where = f"record {r.record_id}"
+            if r.group_id not in lease.group_ids:
+                raise Rejected(422, "wrong_group", f"{where}: group {r.group_id} is not in lease {lease_id}")
+            if r.version > self.published_version:
+                raise Rejected(
+                    422,
+                    "future_version",
+                    f"{where}: version {r.version} > published {self.published_version}",
+                )
+            if r.version < floor:
+                raise Rejected(409, "stale", f"{where}: version {r.version} < learner version - S = {floor}")
+            if not math.isfinite(r.reward):
+                raise Rejected(422, "non_finite_reward", f"{where}: reward {r.reward}")
+            if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
+                raise Rejected(
+                    422,
+                    "too_long",
+                    f"{where}: {len(r.prompt_ids)} prompt / {len(r.response_ids)} response tokens",
+                )
+            if not r.response_ids:
+                raise Rejected(422, "malformed", f"{where}: empty response")
+            if any(not 0 <= t < lim.vocab_size for t in r.prompt_ids + r.response_ids):
+                raise Rejected(422, "out_of_vocab", f"{where}: token id outside [0, {lim.vocab_size})")
+        for gid, n in per_group.items():
+            if self.buffer.group_count(gid) + n > lim.group_size:
+                raise Rejected(422, "group_overflow", f"group {gid}: more than {lim.group_size} records")
+
+    # ------------------------------------------------------------------ learner side
+    def publish(self, version: int, data: bytes, *, keep: int) -> SnapshotBlob:
+        blob = SnapshotBlob(version=version, data=data, sha256=hashlib.sha256(data).hexdigest())
+        with self.lock:
+            self.snapshots[version] = blob
+            self.published_version = version
+            for v in sorted(self.snapshots)[:-keep]:
+                del self.snapshots[v]
+            self.ready.notify_all()
+        logger.info("version published: %d (%.1f MB)", version, len(data) / 1e6)
+        return blob
+
+    def take_groups(self, num_groups: int, *, timeout: float) -> tuple[list[list[Trajectory]], list[int]]:
+        """Block until `num_groups` admissible groups are buffered (or timeout), then take them."""
+        with self.lock:
+            self.ready.wait_for(
+                lambda: self.buffer.num_ready_groups() >= num_groups or self.closed, timeout=timeout
+            )
+            if self.buffer.num_ready_groups() < num_groups:
+                return [], []
+            return self.buffer.take(num_groups)
+
+    def set_learner_version(self, version: int) -> None:
+        with self.lock:
+            self.buffer.set_learner_version(version)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.ready.notify_all()
