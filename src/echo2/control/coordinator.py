@@ -51,7 +51,9 @@ class Coordinator:
         run_info: dict[str, Any],
         heartbeat_interval: float,
         status_extra: Callable[[], dict[str, Any]] = dict,
+        max_body: int = MAX_BODY,
     ) -> None:
+        self.max_body = max_body
         self.state = state
         self.token = token
         self.run_info = run_info
@@ -65,7 +67,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._guard])
+        app = web.Application(client_max_size=self.max_body, middlewares=[self._guard])
         app.add_routes(
             [
                 web.post(f"{API}/register", self.register),
@@ -95,7 +97,7 @@ class Coordinator:
             where = ".".join(str(p) for p in err["loc"])
             return _error(422, "malformed", f"{where}: {err['msg']}")
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, "too_large", f"body over {MAX_BODY} bytes")
+            return _error(413, "too_large", f"body over {self.max_body} bytes")
         except TimeoutError:
             return _error(503, "timeout", f"handler took over {HANDLER_TIMEOUT}s")
 
@@ -146,7 +148,12 @@ class Coordinator:
         return web.json_response({"ok": True})
 
     async def push(self, request: web.Request) -> web.Response:
-        req = await self._body(request, PushRequest)
+        try:
+            req = await self._body(request, PushRequest)
+        except (ValidationError, Rejected):
+            with self.state.lock:
+                self.state.rejected["malformed"] += 1  # a batch that does not parse counts once
+            raise
         try:
             records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
         except ValueError as e:  # lengths disagree, non-finite values caught by Trajectory itself
