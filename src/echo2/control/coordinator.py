@@ -208,6 +208,7 @@ class Coordinator:
                 "buffer_rejected": dict(st.buffer.rejected),
                 "leases_open": len(st.leases),
                 "reissue_queue": len(st.reissue),
+                "reissued": st.reissued,
             }
         body.update(self.status_extra())
         return web.json_response(body)

@@ -103,6 +103,8 @@ class CoordinatorState:
         self.rejected: Counter[str] = Counter()
         """Records refused at ingestion, by reason."""
         self.accepted = 0
+        self.reissued = 0
+        """Prompts put back in the queue (expired, returned or stale leases, lost workers)."""
         self.closed = False
 
     # ------------------------------------------------------------------ workers
@@ -155,6 +157,7 @@ class CoordinatorState:
         del self.leases[lease.lease_id]
         todo = [i for i in lease.indices if self.group_id_of(i) not in lease.done_groups]
         self.reissue.extend(todo)
+        self.reissued += len(todo)
         logger.info("lease %s of %s reissued (%d groups)", lease.lease_id, lease.worker_id, len(todo))
 
     # ------------------------------------------------------------------ leases

@@ -96,7 +96,6 @@ class Worker:
             from echo2.config import build_config
 
             self.config = build_config(reply["run"])
-            await asyncio.to_thread(self._build)
         logger.info("registered as %s with %s", self.worker_id, self.url)
 
     def _build(self) -> None:
@@ -208,8 +207,9 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=120, connect=10)
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as self.session:
             await self.register(stop)
-            beat = asyncio.create_task(self.heartbeat_forever(stop))
+            beat = asyncio.create_task(self.heartbeat_forever(stop))  # alive while the model loads
             try:
+                await asyncio.to_thread(self._build)
                 while not stop.is_set():
                     try:
                         await self._retry("snapshot", lambda: self.sync_snapshot(stop), stop)
