@@ -130,3 +130,120 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     assert st.accepted == len(st.buffer._seen), "every accepted record was stored exactly once"
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 40
+
+
+def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
+    """Stop the coordinator's HTTP server mid-run (every worker connection drops), bring it back on
+    the same port: workers retry and carry on; every accepted record is consumed, buffered or
+    evicted as stale, exactly once."""
+    monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    config = load_config(
+        TINY,
+        {
+            "task.type": "custom",
+            "task.factory": "toy_task:Vowels",
+            "learner.steps": 30,
+            "learner.staleness": 1,
+            "run.eval_size": 0,
+            "coordinator.heartbeat_interval": 0.5,
+            "coordinator.heartbeat_timeout": 20.0,
+            "coordinator.groups_per_lease": 1,
+        },
+    )
+    fleet = LocalFleet(2, threads=2)
+    seen: dict = {}
+
+    def on_ready(source) -> None:
+        fleet.start(source)
+        seen["source"] = source
+
+        def outage() -> None:
+            st, deadline = source.state, time.monotonic() + 120
+            while st.accepted < 16 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            host, port = source.url.removeprefix("http://").split(":")
+            source.coordinator.stop()
+            seen["accepted_before"] = st.accepted
+            time.sleep(2.0)
+            seen["accepted_during"] = st.accepted
+            source.coordinator.start(host, int(port))
+            seen["restarted"] = True
+
+        threading.Thread(target=outage, daemon=True).start()
+
+    try:
+        summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
+    finally:
+        fleet.stop()
+    assert seen.get("restarted") and summary["steps"] == 30
+    assert seen["accepted_during"] == seen["accepted_before"], "nothing arrives while the server is down"
+    st = seen["source"].state
+    assert st.accepted > seen["accepted_before"], "workers carried on after the restart"
+    consumed = 30 * config.rollout.prompts_per_step * config.rollout.group_size
+    assert st.accepted == consumed + len(st.buffer) + st.buffer.rejected["stale"]
+    assert st.accepted == len(st.buffer._seen), "no record stored twice"
+
+
+def test_worker_reregisters_when_the_learner_restarts(tmp_path):
+    """`echo2 learner` stops after 4 steps and is resumed on the same port: the running worker
+    finds itself unknown, registers again and feeds the resumed run; SIGTERM then stops it cleanly."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run_dir = tmp_path / "run"
+    echo2 = [sys.executable, "-m", "echo2.cli"]
+    learner = [
+        *echo2,
+        "learner",
+        TINY,
+        f"--run.dir={run_dir}",
+        *TOY,
+        "--learner.steps=4",
+        "--run.eval_size=0",
+        f"--coordinator.port={port}",
+        "--coordinator.token=tok",
+        "--learner.staleness=1",
+        "--run.threads=1",
+        "-q",
+    ]
+    worker_log = (tmp_path / "worker.log").open("w")
+    first = subprocess.Popen(learner, env=env)
+    worker = subprocess.Popen(
+        [
+            *echo2,
+            "worker",
+            "--coordinator",
+            f"http://127.0.0.1:{port}",
+            "--token",
+            "tok",
+            "--threads",
+            "1",
+            "--give-up-after",
+            "120",
+        ],
+        env=env,
+        stderr=worker_log,
+    )
+    try:
+        assert first.wait(timeout=300) == 0
+        assert worker.poll() is None, "the worker outlives the learner and keeps retrying"
+        resumed = subprocess.run(
+            [*echo2, "learner", "--resume", str(run_dir), "--learner.steps=8", "-q"], env=env, timeout=300
+        )
+        assert resumed.returncode == 0
+        assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(8))
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        for p in (first, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        worker_log.close()
+    log = (tmp_path / "worker.log").read_text()
+    assert "registering again" in log and "Traceback" not in log

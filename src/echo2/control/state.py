@@ -149,7 +149,8 @@ class CoordinatorState:
                         "worker lost: %s (%s), silent %.1fs", info.name, info.worker_id, now - info.last_seen
                     )
             for lease in list(self.leases.values()):
-                lost = self.workers[lease.worker_id].status is WorkerStatus.LOST
+                owner = self.workers.get(lease.worker_id)
+                lost = owner is None or owner.status is WorkerStatus.LOST
                 if now > lease.deadline or lost:
                     self._reissue(lease)
 
