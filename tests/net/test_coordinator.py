@@ -264,3 +264,16 @@ def test_silent_worker_is_lost_and_its_lease_reissued(coord):
     again = register(server, "w-again")
     status, new = call(server, "POST", "/v1/lease", {"worker_id": again, "version": 0, "max_groups": 1})
     assert new["indices"] == lease["indices"]
+
+
+def test_t_bcast_measured_from_heartbeats(coord):
+    server, state, clock = coord
+    workers = [register(server, f"w{i}") for i in range(3)]
+    state.publish(0, b"v0", keep=2)
+    clock.now += 2.0
+    for wid in workers[:2]:
+        call(server, "POST", "/v1/heartbeat", {"worker_id": wid, "version": 0})
+    assert state.t_bcast == {}, "2 of 3 is below q = 0.9"
+    clock.now += 1.5
+    call(server, "POST", "/v1/heartbeat", {"worker_id": workers[2], "version": 0})
+    assert state.t_bcast == {0: pytest.approx(3.5)}

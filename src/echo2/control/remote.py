@@ -2,7 +2,8 @@
 
 The learner never waits for a particular worker: it takes the first `num_groups` admissible groups
 in the buffer, whoever generated them. It measures how long it waited (learner idle time) and when
-each published version reached a fraction q of the active workers (T_bcast).
+each published version reached a fraction q of the active workers (T_bcast, measured by the
+coordinator state from heartbeats).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import secrets
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
 from echo2.config import Config
@@ -22,8 +24,6 @@ from echo2.data.tasks.base import Task
 from echo2.records import Snapshot
 
 logger = logging.getLogger(__name__)
-
-BCAST_QUANTILE = 0.9  # q = 1 / gamma with the paper's gamma of about 1.1
 
 
 def serialise(snapshot: Snapshot) -> bytes:
@@ -55,8 +55,7 @@ class RemoteRollout:
         self.t_train: list[float] = []
         self.idle = 0.0
         self.train = 0.0
-        self.published_at: dict[int, float] = {}
-        self.t_bcast: dict[int, float] = {}
+        self.staleness_hist: Counter[int] = Counter()
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -79,20 +78,21 @@ class RemoteRollout:
                 f"{self.config.coordinator.wait_timeout}s "
                 f"(active workers: {self.active_workers()})"
             )
-        self.idle += waited
-        self._update_bcast()
+        with self.state.lock:  # also read by GET /status, from the coordinator's thread
+            self.idle += waited
+            self.staleness_hist.update(staleness)
         return groups, staleness, {"time/learner_wait": waited, "time/rollout": waited}
 
     def record_train_time(self, seconds: float) -> None:
-        self.t_train.append(seconds)
-        self.train += seconds
+        with self.state.lock:
+            self.t_train.append(seconds)
+            self.train += seconds
 
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
 
     def publish(self, snapshot: Snapshot) -> None:
         data = serialise(snapshot)
-        self.published_at[snapshot.version] = time.monotonic()
         self.state.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,21 +123,17 @@ class RemoteRollout:
         with self.state.lock:
             return sum(w.status is WorkerStatus.ACTIVE for w in self.state.workers.values())
 
-    def _update_bcast(self) -> None:
-        with self.state.lock:
-            active = [w for w in self.state.workers.values() if w.status is WorkerStatus.ACTIVE]
-            for v, t0 in self.published_at.items():
-                if v in self.t_bcast or not active:
-                    continue
-                have = sum(w.version >= v for w in active)
-                if have >= BCAST_QUANTILE * len(active):
-                    self.t_bcast[v] = time.monotonic() - t0
-
     def timings(self) -> dict[str, Any]:
+        """Learner-side measurements, shown in GET /status and the run summary."""
+        with self.state.lock:
+            return self._timings()
+
+    def _timings(self) -> dict[str, Any]:
         busy = self.idle + self.train
         return {
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "t_train": statistics.median(self.t_train) if self.t_train else None,
-            "t_bcast": statistics.median(self.t_bcast.values()) if self.t_bcast else None,
+            "t_bcast": statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else None,
             "learner_idle_s": self.idle,
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),

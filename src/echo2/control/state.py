@@ -23,6 +23,8 @@ from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
+BCAST_QUANTILE = 0.9  # T_bcast: until q = 1 / gamma of active workers run a version (gamma about 1.1)
+
 
 class WorkerStatus(StrEnum):
     ACTIVE = "active"
@@ -98,6 +100,9 @@ class CoordinatorState:
         self.leases: dict[str, Lease] = {}
         self.snapshots: dict[int, SnapshotBlob] = {}
         self.published_version = -1
+        self.published_at: dict[int, float] = {}
+        self.t_bcast: dict[int, float] = {}
+        """Seconds from publication until BCAST_QUANTILE of active workers reported the version."""
         self.next_index = 0
         self.reissue: deque[int] = deque()
         self.rejected: Counter[str] = Counter()
@@ -137,6 +142,17 @@ class CoordinatorState:
                     422, "future_version", f"version {version} > published {self.published_version}"
                 )
             info.version, info.throughput = version, throughput
+            self._note_installed()
+
+    def _note_installed(self) -> None:
+        active = [w for w in self.workers.values() if w.status is WorkerStatus.ACTIVE]
+        for v, t0 in self.published_at.items():
+            if (
+                v not in self.t_bcast
+                and active
+                and sum(w.version >= v for w in active) >= BCAST_QUANTILE * len(active)
+            ):
+                self.t_bcast[v] = self.clock() - t0
 
     def expire(self) -> None:
         """Mark silent workers lost and reissue expired leases (called periodically)."""
@@ -262,6 +278,7 @@ class CoordinatorState:
         with self.lock:
             self.snapshots[version] = blob
             self.published_version = version
+            self.published_at[version] = self.clock()
             for v in sorted(self.snapshots)[:-keep]:
                 del self.snapshots[v]
             self.ready.notify_all()
