@@ -22,6 +22,23 @@ TINY = str(HERE.parents[1] / "configs" / "tiny.toml")
 TOY = ["--task.type=custom", "--task.factory=toy_task:Vowels"]
 
 
+def remote_toy_config(*, steps: int, heartbeat_timeout: float):
+    """The toy task over workers: S = 1, one group per lease, fast heartbeats."""
+    return load_config(
+        TINY,
+        {
+            "task.type": "custom",
+            "task.factory": "toy_task:Vowels",
+            "learner.steps": steps,
+            "learner.staleness": 1,
+            "run.eval_size": 0,
+            "coordinator.heartbeat_interval": 0.5,
+            "coordinator.heartbeat_timeout": heartbeat_timeout,
+            "coordinator.groups_per_lease": 1,
+        },
+    )
+
+
 def test_one_worker_with_s0_matches_the_in_process_loop(tmp_path, monkeypatch):
     """Same task, seeds and prompts: a worker process samples what the in-process loop samples."""
     monkeypatch.syspath_prepend(str(HERE))
@@ -69,19 +86,7 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     """Kill one of three workers while it holds a lease: training completes, its lease is reissued, no record is stored
     twice, and /status shows it lost."""
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    config = load_config(
-        TINY,
-        {
-            "task.type": "custom",
-            "task.factory": "toy_task:Vowels",
-            "learner.steps": 40,
-            "learner.staleness": 1,
-            "run.eval_size": 0,
-            "coordinator.heartbeat_interval": 0.5,
-            "coordinator.heartbeat_timeout": 5.0,
-            "coordinator.groups_per_lease": 1,
-        },
-    )
+    config = remote_toy_config(steps=40, heartbeat_timeout=5.0)
     fleet = LocalFleet(3, threads=2)
     seen: dict = {}
 
@@ -137,19 +142,7 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
     the same port: workers retry and carry on; every accepted record is consumed, buffered or
     evicted as stale, exactly once."""
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    config = load_config(
-        TINY,
-        {
-            "task.type": "custom",
-            "task.factory": "toy_task:Vowels",
-            "learner.steps": 30,
-            "learner.staleness": 1,
-            "run.eval_size": 0,
-            "coordinator.heartbeat_interval": 0.5,
-            "coordinator.heartbeat_timeout": 20.0,
-            "coordinator.groups_per_lease": 1,
-        },
-    )
+    config = remote_toy_config(steps=30, heartbeat_timeout=20.0)
     fleet = LocalFleet(2, threads=2)
     seen: dict = {}
 
