@@ -43,6 +43,8 @@ def run_echo2(args, task, prompts_per_step):
     )
     lcfg = LearnerConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens)
     engine = HFEngine(copy.deepcopy(model), tok, rcfg)
+    embed = model.get_input_embeddings().weight.numel()
+    NONEMBED_PARAMS["n"] = sum(p.numel() for p in model.parameters()) - embed
     opt = make_optimizer(model, lcfg)
     rows = []
     for step, prompts in enumerate(prompts_per_step):
@@ -147,9 +149,16 @@ def run_trl(args, task, prompts_per_step):
     return rows
 
 
+NONEMBED_PARAMS = {"n": 0}
+
+
 def summarise(rows, warmup):
     rows = rows[warmup:]
+    flop_per_token = 6 * NONEMBED_PARAMS["n"]  # forward + backward matmuls, embeddings excluded
     return {
+        "train_gflop_per_s": statistics.median(
+            flop_per_token * r["train_tokens"] / r["train_s"] / 1e9 for r in rows
+        ),
         "gen_tokens_per_s": statistics.median(r["completion_tokens"] / r["gen_s"] for r in rows),
         "train_tokens_per_s": statistics.median(r["train_tokens"] / r["train_s"] for r in rows),
         "gen_s": statistics.median(r["gen_s"] for r in rows),
