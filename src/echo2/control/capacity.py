@@ -1,0 +1,52 @@
+"""Capacity model of ECHO-2 (paper section 3.3 and Appendix B): pure functions, no I/O.
+
+Units: times in seconds, R in trajectories per learner step, throughputs mu in trajectories per
+second. Shared by `echo2 plan`, the online scheduler, the simulator and the tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def overlap_holds(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu_pool: float) -> bool:
+    """Equation 1: kappa * T_train >= T_bcast + kappa * R / mu_pool (the learner never waits)."""
+    return mu_pool > 0 and kappa * t_train >= t_bcast + kappa * batch / mu_pool
+
+
+def smallest_feasible_kappa(*, t_train: float, t_bcast: float) -> int:
+    """The least kappa with kappa * T_train > T_bcast (otherwise no throughput is enough)."""
+    return math.floor(t_bcast / t_train) + 1
+
+
+def mu_min(*, kappa: int, t_train: float, t_bcast: float, batch: float) -> float | None:
+    """Equation 1 solved for the pool: kappa * R / (kappa * T_train - T_bcast); None when
+    kappa * T_train <= T_bcast, where no rollout throughput can hide the broadcast."""
+    slack = kappa * t_train - t_bcast
+    return kappa * batch / slack if slack > 0 else None
+
+
+def staleness_bound(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu_pool: float) -> int:
+    """Conservative bound (Appendix B.2): kappa + ceil((T_bcast + R / mu_pool) / T_train) - 1."""
+    return kappa + math.ceil((t_bcast + batch / mu_pool) / t_train) - 1
+
+
+def staleness_bound_overlap(*, kappa: int, t_train: float, t_bcast: float) -> int:
+    """Tightened bound under the overlap condition (Appendix B.3):
+    kappa + ceil((1 - 1/kappa) * T_bcast / T_train)."""
+    return kappa + math.ceil((1 - 1 / kappa) * t_bcast / t_train)
+
+
+def bubble_ratio(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu_pool: float) -> float:
+    """Predicted learner idle share in steady state.
+
+    One publication cycle is kappa learner steps. Rollouts for the next cycle can only start once
+    the snapshot is installed (T_bcast after publication) and take kappa * R / mu_pool, so the cycle
+    lasts max(kappa * T_train, T_bcast + kappa * R / mu_pool) and the learner idles for the
+    difference. Zero exactly when Equation 1 holds.
+    """
+    if mu_pool <= 0:
+        return 1.0
+    busy = kappa * t_train
+    cycle = max(busy, t_bcast + kappa * batch / mu_pool)
+    return (cycle - busy) / cycle

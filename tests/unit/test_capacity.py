@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pytest
+
+from echo2.control import capacity as cap
+
+
+def test_mu_min_hand_computed():
+    # kappa = 2, T_train = 10 s, T_bcast = 5 s, R = 30: 2 * 30 / (20 - 5) = 4 trajectories/s
+    assert cap.mu_min(kappa=2, t_train=10, t_bcast=5, batch=30) == pytest.approx(4.0)
+    assert cap.overlap_holds(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=4.0)
+    assert not cap.overlap_holds(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=3.9)
+
+
+def test_infeasible_when_broadcast_exceeds_kappa_steps():
+    assert cap.mu_min(kappa=1, t_train=10, t_bcast=10, batch=30) is None
+    assert cap.mu_min(kappa=1, t_train=10, t_bcast=12, batch=30) is None
+    assert cap.smallest_feasible_kappa(t_train=10, t_bcast=12) == 2
+    assert cap.smallest_feasible_kappa(t_train=10, t_bcast=20) == 3
+    assert cap.mu_min(kappa=3, t_train=10, t_bcast=20, batch=30) == pytest.approx(9.0)
+
+
+def test_staleness_bounds_hand_computed():
+    # conservative: 2 + ceil((5 + 30/4) / 10) - 1 = 2 + ceil(1.25) - 1 = 3
+    assert cap.staleness_bound(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=4) == 3
+    # overlap-tightened: 2 + ceil(0.5 * 5 / 10) = 3; kappa = 1 gives exactly 1
+    assert cap.staleness_bound_overlap(kappa=2, t_train=10, t_bcast=5) == 3
+    assert cap.staleness_bound_overlap(kappa=1, t_train=10, t_bcast=50) == 1
+    assert cap.staleness_bound_overlap(kappa=4, t_train=10, t_bcast=25) == 4 + 2  # ceil(0.75 * 2.5)
+
+
+def test_bubble_ratio_hand_computed():
+    assert cap.bubble_ratio(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=4) == 0.0
+    # mu = 2: cycle = max(20, 5 + 30) = 35, idle 15
+    assert cap.bubble_ratio(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=2) == pytest.approx(15 / 35)
+    assert cap.bubble_ratio(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=0) == 1.0
