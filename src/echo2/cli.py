@@ -65,7 +65,65 @@ def _parser() -> argparse.ArgumentParser:
         help="stop retrying an unreachable coordinator after this long",
     )
     w.add_argument("-q", "--quiet", action="store_true", help="warnings only")
+    pl = sub.add_parser(
+        "plan",
+        help="rollout throughput and the cheapest worker pool that keeps the learner busy",
+        description="Capacity planning (ECHO-2 section 3.3-3.4): the throughput mu_min that "
+        "keeps the learner saturated, and the minimum-cost workers that reach "
+        "gamma * mu_min.",
+    )
+    pl.add_argument("--t-train", type=float, required=True, metavar="SEC", help="seconds per learner step")
+    pl.add_argument("--t-bcast", type=float, required=True, metavar="SEC", help="snapshot dissemination time")
+    pl.add_argument("--batch", type=float, required=True, metavar="R", help="trajectories per learner step")
+    pl.add_argument("--staleness", type=int, required=True, metavar="S", help="staleness bound S")
+    pl.add_argument(
+        "--kappa", type=int, default=None, metavar="K", help="publish period (default max(1, S-1))"
+    )
+    pl.add_argument("--gamma", type=float, default=1.1, metavar="G", help="safety factor (default 1.1)")
+    pl.add_argument(
+        "--learner-price",
+        type=float,
+        default=0.0,
+        metavar="USD_PER_HOUR",
+        help="hourly price of the learner's machines",
+    )
+    pl.add_argument(
+        "--pool",
+        required=True,
+        metavar="POOL.toml",
+        help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
+    )
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
     return p
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from pydantic import ValidationError
+
+    from echo2.config import validation_message
+    from echo2.control.plan import PlanInput, Pool, make_plan, render
+
+    try:
+        inp = PlanInput(
+            t_train=args.t_train,
+            t_bcast=args.t_bcast,
+            batch=args.batch,
+            staleness=args.staleness,
+            kappa=args.kappa,
+            gamma=args.gamma,
+            learner_price=args.learner_price,
+        )
+    except ValidationError as e:
+        raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
+    try:
+        pool = Pool.model_validate(read_toml(args.pool))
+    except ValidationError as e:
+        raise ConfigError(f"{args.pool}: {validation_message(e)}") from None
+    plan = make_plan(inp, pool)
+    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    return 0
 
 
 def _resolve(args: argparse.Namespace, extra: list[str]):
@@ -189,10 +247,10 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
-        if args.command == "worker":
+        if args.command in ("worker", "plan"):
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
-            return _worker(args)
+            return _worker(args) if args.command == "worker" else _plan(args)
         return _train(args, extra)
     except ConfigError as e:
         print(f"echo2: config error: {e}", file=sys.stderr)

@@ -274,6 +274,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     return build_config(read_toml(path), overrides)
 
 
+def validation_message(e: ValidationError) -> str:
+    """One line naming the dotted key of the first problem pydantic found."""
+    return _first_error(e)
+
+
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file").

@@ -1,0 +1,125 @@
+"""`echo2 plan`: how much rollout throughput keeps the learner busy, and the cheapest pool for it.
+
+Pure: validated inputs in, a JSON-ready dict out (the CLI prints it). Uses the capacity model
+(capacity.py) and both selection policies (selection.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from echo2.control import capacity as cap
+from echo2.control.selection import WorkerType, exact, greedy
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolWorker(_Strict):
+    name: str = Field(min_length=1)
+    """Worker type name."""
+    count: int = Field(ge=1)
+    """How many of this type are available."""
+    throughput: float = Field(gt=0, allow_inf_nan=False)
+    """Trajectories per second of one worker."""
+    price: float = Field(ge=0, allow_inf_nan=False)
+    """USD per hour of one worker."""
+
+
+class Pool(_Strict):
+    workers: list[PoolWorker] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Pool:
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ValueError("workers: names must be unique")
+        return self
+
+
+class PlanInput(_Strict):
+    t_train: float = Field(gt=0, allow_inf_nan=False)
+    t_bcast: float = Field(ge=0, allow_inf_nan=False)
+    batch: float = Field(gt=0, allow_inf_nan=False)
+    staleness: int = Field(ge=0)
+    kappa: int | None = Field(None, ge=1)
+    gamma: float = Field(1.1, ge=1, allow_inf_nan=False)
+    learner_price: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+    @property
+    def resolved_kappa(self) -> int:
+        return self.kappa if self.kappa is not None else max(1, self.staleness - 1)
+
+
+def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
+    kappa = inp.resolved_kappa
+    types = [
+        WorkerType(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
+    ]
+    mu_min = cap.mu_min(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast, batch=inp.batch)
+    pool_mu = sum(t.throughput * t.count for t in types)
+    if mu_min is None:  # no throughput can hide the broadcast at this kappa
+        target, chosen, heuristic = None, exact(types, pool_mu), greedy(types, pool_mu)
+    else:
+        target = inp.gamma * mu_min
+        chosen, heuristic = exact(types, target), greedy(types, target)
+    mu_pool = chosen.throughput
+    timing = {"kappa": kappa, "t_train": inp.t_train, "t_bcast": inp.t_bcast, "batch": inp.batch}
+    bubble = cap.bubble_ratio(**timing, mu_pool=mu_pool)
+    overlap = cap.overlap_holds(**timing, mu_pool=mu_pool)
+    bound = (
+        cap.staleness_bound_overlap(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast)
+        if overlap
+        else cap.staleness_bound(**timing, mu_pool=mu_pool)
+    )
+    cost_per_hour = inp.learner_price + chosen.cost_per_hour
+    step_seconds = inp.t_train / (1 - bubble) if bubble < 1 else float("inf")
+    return {
+        "mu_min": mu_min,
+        "mu_target": target,
+        "feasible": mu_min is not None and chosen.feasible,
+        "smallest_feasible_kappa": cap.smallest_feasible_kappa(t_train=inp.t_train, t_bcast=inp.t_bcast),
+        "kappa": kappa,
+        "staleness": inp.staleness,
+        "staleness_bound": bound,
+        "staleness_bound_within_s": bound <= inp.staleness,
+        "active": chosen.active,
+        "throughput": mu_pool,
+        "cost_per_hour": cost_per_hour,
+        "cost_per_step": cost_per_hour * step_seconds / 3600,
+        "greedy_active": heuristic.active,
+        "greedy_cost_per_hour": inp.learner_price + heuristic.cost_per_hour,
+        "bubble_ratio": bubble,
+        "step_seconds": step_seconds,
+    }
+
+
+def render(plan: dict[str, Any]) -> str:
+    """The human-readable report of `echo2 plan`."""
+    lines = []
+    if plan["mu_min"] is None:
+        lines.append(
+            f"INFEASIBLE at kappa = {plan['kappa']}: kappa * T_train <= T_bcast; "
+            f"the smallest feasible kappa is {plan['smallest_feasible_kappa']}"
+        )
+    else:
+        lines.append(f"required throughput mu_min     {plan['mu_min']:.4g} trajectories/s")
+        lines.append(
+            f"target gamma * mu_min          {plan['mu_target']:.4g} trajectories/s "
+            f"({'reachable' if plan['feasible'] else 'NOT reachable with this pool'})"
+        )
+    active = ", ".join(f"{k} x{v}" for k, v in plan["active"].items() if v) or "none"
+    lines += [
+        f"active workers (exact)         {active}  ->  {plan['throughput']:.4g} trajectories/s",
+        f"cost per hour                  ${plan['cost_per_hour']:.2f} (greedy by unit cost: "
+        f"${plan['greedy_cost_per_hour']:.2f})",
+        f"predicted bubble ratio         {plan['bubble_ratio']:.1%}",
+        f"predicted step time            {plan['step_seconds']:.1f} s",
+        f"cost per learner step          ${plan['cost_per_step']:.3f}",
+        f"kappa / staleness bound        {plan['kappa']} / {plan['staleness_bound']} "
+        f"({'within' if plan['staleness_bound_within_s'] else 'EXCEEDS'} S = {plan['staleness']})",
+    ]
+    return "\n".join(lines)
