@@ -98,6 +98,9 @@ def test_register_requires_the_token(coord):
 def test_lease_push_and_idempotent_retry(coord):
     server, state, _ = coord
     wid = register(server)
+    assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": 1})[0] == 204
+    state.publish(0, b"weights-v0", keep=2)
+    # a worker that has installed nothing gets no lease, even when S would admit version -1
     assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": -1, "max_groups": 1})[0] == 204
     lease = leased(server, state, wid)
     assert lease["indices"] == [0] and lease["deadline_s"] == pytest.approx(30.0)

@@ -183,7 +183,8 @@ class CoordinatorState:
         already too old to be admitted (it should install the newest snapshot first)."""
         with self.lock:
             self._worker(worker_id)
-            if self.published_version < 0 or self.closed or version < self.buffer.min_version():
+            too_old = version < max(0, self.buffer.min_version())  # -1: nothing installed yet
+            if self.published_version < 0 or self.closed or too_old:
                 return None
             indices = []
             while len(indices) < max_groups and self.reissue:
