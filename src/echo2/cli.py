@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="stop retrying an unreachable coordinator after this long",
     )
+    w.add_argument(
+        "--emulate",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="EMULATION for capacity experiments: no model, random responses at RATE trajectories/s",
+    )
     w.add_argument("-q", "--quiet", action="store_true", help="warnings only")
     pl = sub.add_parser(
         "plan",
@@ -222,6 +229,7 @@ def _worker(args: argparse.Namespace) -> int:
         price_per_hour=args.price_per_hour,
         hardware=args.hardware,
         give_up_after=args.give_up_after,
+        emulate=args.emulate,
     )
 
     async def main() -> None:

@@ -40,6 +40,7 @@ class Worker:
         price_per_hour: float = 0.0,
         hardware: str = "cpu",
         give_up_after: float = 300.0,
+        emulate: float | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -47,6 +48,8 @@ class Worker:
         self.price_per_hour = price_per_hour
         self.hardware = hardware
         self.give_up_after = give_up_after
+        self.emulate = emulate
+        """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
         self.worker_id: str | None = None
         self.config: Config | None = None
         self.engine = None
@@ -106,6 +109,11 @@ class Worker:
         cfg = self.config
         self.task = make_task(cfg.task, seed=cfg.run.seed)
         tok = load_tokenizer(cfg.model)
+        if self.emulate:
+            from echo2.rollout.emulated import EmulatedEngine
+
+            self.engine = EmulatedEngine(tok, rate=self.emulate, seed=cfg.run.seed)
+            return
         model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
         self.engine = HFEngine(model, tok, cfg.rollout, version=-1)
 
@@ -131,7 +139,8 @@ class Worker:
 
         from echo2.records import Snapshot
 
-        self.engine.install(Snapshot(version=version, state=load(data)))
+        state = {} if self.emulate else load(data)  # an emulated engine has no weights to load
+        self.engine.install(Snapshot(version=version, state=state))
 
     async def heartbeat_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
