@@ -179,6 +179,21 @@ class CoordinatorConfig(_Section):
         return self
 
 
+# ---------------------------------------------------------------------------- scheduler
+class SchedulerConfig(_Section):
+    enabled: bool = False
+    """Keep pool throughput at gamma * mu_min: newcomers wait in standby, the cheapest per unit of
+    throughput are activated, the most expensive released (paper 3.4, 4.3)."""
+    gamma: float = Field(1.1, ge=1)
+    """Safety factor over mu_min."""
+    sustain_s: float = Field(30.0, gt=0)
+    """A deviation from the target must last this long before workers are activated or released."""
+    release_margin: float = Field(0.15, ge=0)
+    """Release only while capacity exceeds the target by more than this share."""
+    window_s: float = Field(30.0, gt=0)
+    """Sliding window over heartbeat throughput reports."""
+
+
 # ---------------------------------------------------------------------------- run
 class RunConfig(_Section):
     dir: str = "runs/{name}-seed{seed}"
@@ -203,6 +218,7 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     def run_dir(self) -> Path:

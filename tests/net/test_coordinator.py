@@ -280,3 +280,45 @@ def test_t_bcast_measured_from_heartbeats(coord):
     clock.now += 1.5
     call(server, "POST", "/v1/heartbeat", {"worker_id": workers[2], "version": 0})
     assert state.t_bcast == {0: pytest.approx(3.5)}
+
+
+def test_scheduler_in_the_coordinator_state():
+    """Standby workers get no leases; the cheapest per unit throughput are activated after the
+    sustained interval; a lost worker is replaced within one heartbeat timeout; decisions are kept
+    with their reasons."""
+    from echo2.control.scheduler import Scheduler
+
+    clock = FakeClock()
+    state = CoordinatorState(
+        buffer=ReplayBuffer(staleness=1, group_size=2),
+        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
+        group_id_of=lambda i: f"g{i}",
+        lease_timeout=30.0,
+        heartbeat_timeout=10.0,
+        clock=clock,
+        scheduler=Scheduler(sustain_s=20.0),
+        target=lambda: 2.0,
+    )
+    state.publish(0, b"v0", keep=2)
+    ids = {
+        name: state.register(
+            name=name, hardware="x", price_per_hour=price, inbound=False, throughput=1.0
+        ).worker_id
+        for name, price in [("a", 0.3), ("b", 0.9), ("c", 0.4), ("d", 0.5)]
+    }
+    assert state.lease(ids["a"], version=0, max_groups=1) is None, "standby: no lease"
+    state.expire()
+    clock.now += 20.0
+    for wid in ids.values():
+        state.heartbeat(wid, version=0, throughput=1.0)
+    state.expire()
+    assert [d["worker"] for d in state.decisions] == ["a", "c"]  # rho 0.3, 0.4 reach 2.0/s
+    assert state.lease(ids["a"], version=0, max_groups=1) is not None
+    # "c" dies: within one heartbeat timeout it is lost and "d" (next cheapest) replaces it at once
+    for _ in range(6):
+        clock.now += 2.0
+        for name in ("a", "b", "d"):
+            state.heartbeat(ids[name], version=0, throughput=1.0)
+        state.expire()
+    assert state.decisions[-1]["worker"] == "d" and "replacing lost" in state.decisions[-1]["reason"]
+    assert len(state.decisions) == 3

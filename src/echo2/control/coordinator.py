@@ -114,7 +114,11 @@ class Coordinator:
     async def register(self, request: web.Request) -> web.Response:
         req = await self._body(request, RegisterRequest)
         info = self.state.register(
-            name=req.name, hardware=req.hardware, price_per_hour=req.price_per_hour, inbound=req.inbound
+            name=req.name,
+            hardware=req.hardware,
+            price_per_hour=req.price_per_hour,
+            inbound=req.inbound,
+            throughput=req.throughput,
         )
         return web.json_response(
             RegisterResponse(
@@ -194,7 +198,7 @@ class Coordinator:
                     {
                         "worker_id": w.worker_id,
                         "name": w.name,
-                        "state": w.status.value,
+                        "state": "standby" if w.standby and w.status.value == "active" else w.status.value,
                         "version": w.version,
                         "throughput": w.throughput,
                         "price_per_hour": w.price_per_hour,
@@ -209,6 +213,8 @@ class Coordinator:
                 "leases_open": len(st.leases),
                 "reissue_queue": len(st.reissue),
                 "reissued": st.reissued,
+                "scheduler_target": st.target() if st.scheduler else None,
+                "scheduler_decisions": list(st.decisions)[-20:],
             }
         body.update(self.status_extra())
         return web.json_response(body)

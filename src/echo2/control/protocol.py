@@ -23,6 +23,8 @@ class RegisterRequest(_Wire):
     price_per_hour: float = Field(0.0, ge=0, allow_inf_nan=False)
     inbound: bool = False
     """Whether the worker accepts inbound connections (relay role in the broadcast issue)."""
+    throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
 
 
 class RegisterResponse(_Wire):

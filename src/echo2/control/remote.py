@@ -17,7 +17,9 @@ from collections import Counter
 from typing import Any
 
 from echo2.config import Config
+from echo2.control import capacity
 from echo2.control.coordinator import Coordinator
+from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits, WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
@@ -36,6 +38,7 @@ class RemoteRollout:
     def __init__(self, *, config: Config, task: Task, buffer: ReplayBuffer, vocab_size: int) -> None:
         self.config = config
         self.buffer = buffer
+        self.t_train: list[float] = []
         ccfg = config.coordinator
         self.state = CoordinatorState(
             buffer=buffer,
@@ -48,11 +51,17 @@ class RemoteRollout:
             group_id_of=lambda i: task.train_prompt(i).group_id,
             lease_timeout=ccfg.lease_timeout,
             heartbeat_timeout=ccfg.heartbeat_timeout,
+            scheduler=Scheduler(
+                sustain_s=config.scheduler.sustain_s, release_margin=config.scheduler.release_margin
+            )
+            if config.scheduler.enabled
+            else None,
+            target=self.target_throughput,
+            window_s=config.scheduler.window_s,
         )
         self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
         worker_view = config.model_dump(mode="json", include={"model", "task", "rollout", "coordinator"})
         worker_view["run"] = {"seed": config.run.seed}
-        self.t_train: list[float] = []
         self.idle = 0.0
         self.train = 0.0
         self.staleness_hist: Counter[int] = Counter()
@@ -119,6 +128,19 @@ class RemoteRollout:
         self.coordinator.stop()
 
     # ------------------------------------------------------------------ measurements
+    def target_throughput(self) -> float | None:
+        """gamma * mu_min from the learner's own T_train and T_bcast (None until a step is timed;
+        infinite when kappa * T_train <= T_bcast, i.e. no pool is enough). Called under the lock."""
+        if not self.t_train:
+            return None
+        t_train = statistics.median(self.t_train)
+        t_bcast = statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else 0.0
+        batch = self.config.rollout.prompts_per_step * self.config.rollout.group_size
+        mu = capacity.mu_min(
+            kappa=self.config.learner.publish_every, t_train=t_train, t_bcast=t_bcast, batch=batch
+        )
+        return float("inf") if mu is None else self.config.scheduler.gamma * mu
+
     def active_workers(self) -> int:
         with self.state.lock:
             return sum(w.status is WorkerStatus.ACTIVE for w in self.state.workers.values())

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from echo2.control.scheduler import Role, Scheduler, WorkerView
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -50,6 +51,10 @@ class WorkerInfo:
     version: int = -1
     throughput: float = 0.0
     status: WorkerStatus = WorkerStatus.ACTIVE
+    standby: bool = False
+    """Registered and healthy but given no leases (the scheduler's reserve)."""
+    samples: deque[tuple[float, float]] = field(default_factory=deque)
+    """(time, trajectories/s) from heartbeats, for the scheduler's sliding window."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,7 +92,16 @@ class CoordinatorState:
         lease_timeout: float,
         heartbeat_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        scheduler: Scheduler | None = None,
+        target: Callable[[], float | None] = lambda: None,
+        window_s: float = 30.0,
     ) -> None:
+        self.scheduler = scheduler
+        self.target = target
+        """Throughput the pool should deliver (gamma * mu_min), or None while unknown."""
+        self.window_s = window_s
+        self.decisions: deque[dict] = deque(maxlen=200)
+        """The scheduler's decisions, newest last, each with its time and reason (in /status)."""
         self.buffer = buffer
         self.limits = limits
         self.group_id_of = group_id_of
@@ -113,7 +127,9 @@ class CoordinatorState:
         self.closed = False
 
     # ------------------------------------------------------------------ workers
-    def register(self, *, name: str, hardware: str, price_per_hour: float, inbound: bool) -> WorkerInfo:
+    def register(
+        self, *, name: str, hardware: str, price_per_hour: float, inbound: bool, throughput: float = 0.0
+    ) -> WorkerInfo:
         with self.lock:
             info = WorkerInfo(
                 worker_id=uuid.uuid4().hex[:12],
@@ -122,6 +138,9 @@ class CoordinatorState:
                 price_per_hour=price_per_hour,
                 inbound=inbound,
                 last_seen=self.clock(),
+                throughput=throughput,
+                # With a scheduler and a known target, newcomers wait in reserve until activated.
+                standby=self.scheduler is not None and self.target() is not None,
             )
             self.workers[info.worker_id] = info
             logger.info("worker joined: %s (%s, %s)", name, info.worker_id, hardware)
@@ -141,7 +160,10 @@ class CoordinatorState:
                 raise Rejected(
                     422, "future_version", f"version {version} > published {self.published_version}"
                 )
-            info.version, info.throughput = version, throughput
+            info.version = version
+            if throughput > 0:
+                info.throughput = throughput
+                info.samples.append((self.clock(), throughput))
             self._note_installed()
 
     def _note_installed(self) -> None:
@@ -169,6 +191,49 @@ class CoordinatorState:
                 lost = owner is None or owner.status is WorkerStatus.LOST
                 if now > lease.deadline or lost:
                     self._reissue(lease)
+            if self.scheduler is not None:
+                self._schedule(now)
+
+    def _windowed_throughput(self, info: WorkerInfo, now: float) -> float:
+        while info.samples and info.samples[0][0] < now - self.window_s:
+            info.samples.popleft()
+        if not info.samples:
+            return info.throughput  # last report, or the rate declared at registration
+        return sum(mu for _, mu in info.samples) / len(info.samples)
+
+    def _schedule(self, now: float) -> None:
+        target = self.target()
+        if target is None:
+            return
+        views = [
+            WorkerView(
+                worker_id=w.worker_id,
+                throughput=self._windowed_throughput(w, now),
+                price=w.price_per_hour,
+                role=Role.LOST
+                if w.status is WorkerStatus.LOST
+                else Role.STANDBY
+                if w.standby
+                else Role.ACTIVE,
+            )
+            for w in self.workers.values()
+        ]
+        for d in self.scheduler.decide(views, target=target, now=now):
+            info = self.workers[d.worker_id]
+            info.standby = d.action == "release"
+            if info.standby:
+                for lease in [le for le in self.leases.values() if le.worker_id == d.worker_id]:
+                    self._reissue(lease)
+            self.decisions.append(
+                {
+                    "time": now,
+                    "action": d.action,
+                    "worker": info.name,
+                    "worker_id": d.worker_id,
+                    "reason": d.reason,
+                }
+            )
+            logger.info("scheduler: %s %s (%s): %s", d.action, info.name, d.worker_id, d.reason)
 
     def _reissue(self, lease: Lease) -> None:
         del self.leases[lease.lease_id]
@@ -182,9 +247,9 @@ class CoordinatorState:
         """Prompts to generate, or None: nothing published yet, or the worker's installed version is
         already too old to be admitted (it should install the newest snapshot first)."""
         with self.lock:
-            self._worker(worker_id)
+            info = self._worker(worker_id)
             too_old = version < max(0, self.buffer.min_version())  # -1: nothing installed yet
-            if self.published_version < 0 or self.closed or too_old:
+            if self.published_version < 0 or self.closed or too_old or info.standby:
                 return None
             indices = []
             while len(indices) < max_groups and self.reissue:

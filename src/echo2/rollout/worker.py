@@ -91,7 +91,12 @@ class Worker:
 
     # ------------------------------------------------------------------ steps
     async def register(self, stop: asyncio.Event) -> None:
-        body = {"name": self.name, "hardware": self.hardware, "price_per_hour": self.price_per_hour}
+        body = {
+            "name": self.name,
+            "hardware": self.hardware,
+            "price_per_hour": self.price_per_hour,
+            "throughput": self.emulate or 0.0,
+        }
         reply = await self._retry("register", lambda: self._call("POST", f"{API}/register", body), stop)
         self.worker_id = reply["worker_id"]
         self.heartbeat_interval = reply["heartbeat_interval"]
