@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="K",
                 help="start K worker processes on loopback (0: learner and rollout take turns)",
             )
+            r.add_argument(
+                "--emulate",
+                type=float,
+                default=None,
+                metavar="RATE",
+                help="EMULATION: the K workers run no model and yield RATE trajectories/s each",
+            )
     w = sub.add_parser(
         "worker",
         help="generate rollouts for a learner's coordinator",
@@ -177,7 +184,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     if workers:
         from echo2.rollout.local_fleet import LocalFleet
 
-        fleet = LocalFleet(workers, threads=config.run.threads)
+        fleet = LocalFleet(workers, threads=config.run.threads, emulate=args.emulate)
         config = config.model_copy(
             update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
         )

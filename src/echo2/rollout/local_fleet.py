@@ -14,7 +14,8 @@ logger = logging.getLogger(__name__)
 
 
 class LocalFleet:
-    def __init__(self, num_workers: int, *, threads: int | None = None) -> None:
+    def __init__(self, num_workers: int, *, threads: int | None = None, emulate: float | None = None) -> None:
+        self.emulate = emulate
         cores = threads or os.cpu_count() or 1
         # One share of the cores for the learner and one per worker, so nobody oversubscribes.
         self.worker_threads = max(1, cores // (num_workers + 1))
@@ -38,6 +39,8 @@ class LocalFleet:
                 str(self.worker_threads),
                 "-q",
             ]
+            if self.emulate:
+                cmd += ["--emulate", str(self.emulate)]
             self.procs.append(subprocess.Popen(cmd, env=env))
         logger.info(
             "started %d local workers (%d threads each) for %s",
