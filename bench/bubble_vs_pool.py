@@ -1,0 +1,140 @@
+"""Benchmark: learner bubble ratio versus pool size, measured with EMULATED workers and predicted.
+
+For each S and pool size N, runs the real learner (a random Llama big enough that a step takes
+about a second) with N local workers whose engines are emulated at RATE trajectories/s each
+(`echo2 run --workers N --emulate RATE`). Measured bubble = learner wait / (wait + train) over the
+steps after the first `--warmup` (worker start-up excluded). Predicted bubble = the capacity model's
+`bubble_ratio(kappa, T_train, T_bcast, R, N * RATE)` with T_train and T_bcast measured in the same
+run. The threshold is the smallest N with bubble < 5%.
+
+    python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 --rate 6 --json docs/bench/bubble.json --plot docs/bench/bubble.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from echo2.control.capacity import bubble_ratio
+
+
+def one(args, s: int, n: int, tmp: Path) -> dict:
+    run_dir = tmp / f"s{s}-n{n}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "echo2.cli",
+        "run",
+        "configs/tiny.toml",
+        f"--workers={n}",
+        f"--emulate={args.rate}",
+        f"--learner.staleness={s}",
+        f"--learner.steps={args.steps}",
+        "--run.eval_size=0",
+        f"--model.hidden_size={args.hidden}",
+        f"--model.num_layers={args.layers}",
+        f"--rollout.prompts_per_step={args.prompts}",
+        f"--rollout.group_size={args.n}",
+        f"--run.dir={run_dir}",
+        "-q",
+    ]
+    subprocess.run(cmd, check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][args.warmup :]
+    wait = sum(r["time/learner_wait"] for r in rows)
+    train = sum(r["time/train"] for r in rows)
+    kappa = max(1, s - 1)
+    batch = args.prompts * args.n
+    t_train, t_bcast = summary["t_train"], summary["t_bcast"] or 0.0
+    return {
+        "staleness": s,
+        "kappa": kappa,
+        "pool": n,
+        "rate": args.rate,
+        "batch": batch,
+        "t_train": t_train,
+        "t_bcast": t_bcast,
+        "measured_bubble": wait / (wait + train),
+        "predicted_bubble": bubble_ratio(
+            kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=n * args.rate
+        ),
+        "max_staleness": max(r["staleness/max"] for r in rows),
+    }
+
+
+def threshold(rows: list[dict], key: str) -> int | None:
+    ok = [r["pool"] for r in rows if r[key] < 0.05]
+    return min(ok) if ok else None
+
+
+def plot(results: dict[int, list[dict]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s, rows in results.items():
+        pools = [r["pool"] for r in rows]
+        (line,) = ax.plot(pools, [r["measured_bubble"] for r in rows], "o-", label=f"S={s} measured")
+        ax.plot(
+            pools,
+            [r["predicted_bubble"] for r in rows],
+            "--",
+            color=line.get_color(),
+            label=f"S={s} predicted",
+        )
+    ax.axhline(0.05, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("pool size (emulated workers)")
+    ax.set_ylabel("learner bubble ratio")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--staleness", type=int, nargs="+", default=[2, 3, 5])
+    p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--rate", type=float, default=6.0, help="trajectories/s per emulated worker")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    args = p.parse_args()
+    results: dict[int, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in args.staleness:
+            results[s] = []
+            for n in args.pools:
+                row = one(args, s, n, Path(tmp))
+                print(json.dumps(row), flush=True)
+                results[s].append(row)
+    summary = {
+        str(s): {
+            "measured_threshold": threshold(rows, "measured_bubble"),
+            "predicted_threshold": threshold(rows, "predicted_bubble"),
+            "rows": rows,
+        }
+        for s, rows in results.items()
+    }
+    print(json.dumps({s: {k: v for k, v in d.items() if k != "rows"} for s, d in summary.items()}, indent=2))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    if args.plot:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
