@@ -23,6 +23,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the steady-state bubble ratio")
     p.add_argument("--json")
     args = p.parse_args()
     rows = []
@@ -45,11 +46,15 @@ def main() -> None:
             subprocess.run(cmd, check=True)
             summary = json.loads((run_dir / "summary.json").read_text())
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            steady = metrics[args.warmup :]  # the first steps wait for workers to load the model
+            wait = sum(m["time/learner_wait"] for m in steady)
+            train = sum(m["time/train"] for m in steady)
             row = {
                 "staleness": s,
                 "workers": args.workers,
                 "steps": args.steps,
-                "bubble_ratio": summary["bubble_ratio"],
+                "bubble_ratio_all_steps": summary["bubble_ratio"],
+                "bubble_ratio_steady": wait / (wait + train),
                 "t_train": summary["t_train"],
                 "t_bcast": summary["t_bcast"],
                 "staleness_histogram": summary["staleness_histogram"],
