@@ -80,6 +80,7 @@ def test_overlap_with_staleness_bound(tmp_path, monkeypatch):
     assert sum(hist.values()) == 8 * 2 * 4 and max(hist) <= 2
     assert any(k >= 1 for k in hist), "workers generated while the learner trained"
     assert summary["t_train"] > 0 and 0 <= summary["bubble_ratio"] < 1
+    assert summary["t_bcast"] is not None, "workers reported installed versions in heartbeats"
 
 
 def test_a_worker_killed_mid_run(tmp_path, monkeypatch):

@@ -152,7 +152,7 @@ class Worker:
             try:
                 body = {
                     "worker_id": self.worker_id,
-                    "version": max(self.engine.version, -1),
+                    "version": self.engine.version if self.engine is not None else -1,  # still loading
                     "throughput": self.throughput,
                 }
                 await self._call("POST", f"{API}/heartbeat", body)
