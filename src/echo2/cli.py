@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -181,6 +182,8 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     from echo2.learning.loop import run  # heavy: torch, transformers
 
     remote = args.command == "learner" or workers > 0
+    # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if workers:
         from echo2.rollout.local_fleet import LocalFleet
 
@@ -221,7 +224,6 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
     _setup_logging(args.quiet)
     import asyncio
-    import signal
 
     import torch
 

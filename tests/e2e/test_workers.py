@@ -241,3 +241,37 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
         worker_log.close()
     log = (tmp_path / "worker.log").read_text()
     assert "registering again" in log and "Traceback" not in log
+
+
+def test_sigterm_stops_the_run_and_its_workers(tmp_path):
+    """`echo2 run --workers 2` killed with SIGTERM mid-run leaves no worker process behind."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "echo2.cli",
+            "run",
+            TINY,
+            "--workers=2",
+            *TOY,
+            "--learner.steps=100000",
+            "--run.eval_size=0",
+            f"--run.dir={tmp_path / 'run'}",
+            "-q",
+        ],
+        env=env,
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == 2, "two worker processes while training"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
