@@ -68,6 +68,7 @@ def test_overlap_with_staleness_bound(tmp_path, monkeypatch):
             *TOY,
             "--learner.staleness=2",
             "--learner.steps=8",
+            "--coordinator.heartbeat_interval=0.2",
             "--run.eval_size=0",
             "-q",
         ]
