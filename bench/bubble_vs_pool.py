@@ -8,6 +8,12 @@ steps after the first `--warmup` (worker start-up excluded). Predicted bubble = 
 run. The threshold is the smallest N with bubble < 5%.
 
     python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 --rate 6 --json docs/bench/bubble.json --plot docs/bench/bubble.png
+
+Status: not yet part of docs/benchmarks.md. A first point (S = 2, N = 2, rate 6/s, default model)
+measured T_train 2.1 s, T_bcast 7.0 s (the 140 MB snapshot plus up to one heartbeat interval),
+bubble 0.51 measured against 0.79 predicted: when S > kappa, workers keep generating under older
+admissible versions while a broadcast is in flight, which the paper's conservative cycle model
+does not credit. The setup (snapshot size, heartbeat interval) and the predictor need work first.
 """
 
 from __future__ import annotations
