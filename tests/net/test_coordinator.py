@@ -24,17 +24,22 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def coord():
-    clock = FakeClock()
-    state = CoordinatorState(
+def make_state(clock: FakeClock, **extra) -> CoordinatorState:
+    return CoordinatorState(
         buffer=ReplayBuffer(staleness=1, group_size=2),
         limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
         group_id_of=lambda i: f"g{i}",
         lease_timeout=30.0,
         heartbeat_timeout=10.0,
         clock=clock,
+        **extra,
     )
+
+
+@pytest.fixture
+def coord():
+    clock = FakeClock()
+    state = make_state(clock)
     server = Coordinator(state, token=TOKEN, run_info={"seed": 0}, heartbeat_interval=1.0, max_body=200_000)
     server.start()
     yield server, state, clock
@@ -289,16 +294,7 @@ def test_scheduler_in_the_coordinator_state():
     from echo2.control.scheduler import Scheduler
 
     clock = FakeClock()
-    state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=10.0,
-        clock=clock,
-        scheduler=Scheduler(sustain_s=20.0),
-        target=lambda: 2.0,
-    )
+    state = make_state(clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: 2.0)
     state.publish(0, b"v0", keep=2)
     ids = {
         name: state.register(

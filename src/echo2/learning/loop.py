@@ -138,8 +138,7 @@ def run(
             source.advance(state["version"])
             if state["version"] % lcfg.publish_every == 0:
                 source.publish(publish(model, state["version"]))
-            if remote:
-                source.record_train_time(t2 - t1)
+            source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
             staleness_hist.update(staleness)
@@ -163,7 +162,7 @@ def run(
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
                 save()
-        extra = source.timings() if remote else {}
+        extra = source.timings()
     finally:
         metrics.close()
         source.close()

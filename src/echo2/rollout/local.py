@@ -35,6 +35,14 @@ class RolloutSource(Protocol):
 
     def publish(self, snapshot: Snapshot) -> None: ...
 
+    def record_train_time(self, seconds: float) -> None:
+        """The learner's step time, for T_train and the bubble ratio."""
+        ...
+
+    def timings(self) -> dict[str, Any]:
+        """Measurements for the run summary (T_train, T_bcast, idle time, ...)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -76,6 +84,12 @@ class LocalRollout:
 
     def publish(self, snapshot: Snapshot) -> None:
         self.engine.install(snapshot)
+
+    def record_train_time(self, seconds: float) -> None:
+        pass  # learner and rollout take turns: there is no idle time to set it against
+
+    def timings(self) -> dict[str, Any]:
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_prompt": self.next_prompt, "buffer": self.buffer.state_dict()}
