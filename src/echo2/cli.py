@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--name", default=socket.gethostname(), help="worker name shown in /status")
     w.add_argument("--price-per-hour", type=float, default=0.0, help="USD per hour, for cost accounting")
     w.add_argument("--hardware", default="cpu", help="free-form description shown in /status")
+    w.add_argument(
+        "--inbound",
+        action="store_true",
+        help="this host accepts inbound connections (may relay snapshots to peers)",
+    )
     w.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     w.add_argument(
         "--give-up-after",
@@ -237,6 +242,7 @@ def _worker(args: argparse.Namespace) -> int:
         name=args.name,
         price_per_hour=args.price_per_hour,
         hardware=args.hardware,
+        inbound=args.inbound,
         give_up_after=args.give_up_after,
         emulate=args.emulate,
     )

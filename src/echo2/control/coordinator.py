@@ -202,6 +202,7 @@ class Coordinator:
                         "version": w.version,
                         "throughput": w.throughput,
                         "price_per_hour": w.price_per_hour,
+                        "inbound": w.inbound,
                         "hardware": w.hardware,
                     }
                     for w in st.workers.values()

@@ -39,6 +39,7 @@ class Worker:
         name: str,
         price_per_hour: float = 0.0,
         hardware: str = "cpu",
+        inbound: bool = False,
         give_up_after: float = 300.0,
         emulate: float | None = None,
     ) -> None:
@@ -48,6 +49,7 @@ class Worker:
         self.price_per_hour = price_per_hour
         self.hardware = hardware
         self.give_up_after = give_up_after
+        self.inbound = inbound
         self.emulate = emulate
         """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
         self.worker_id: str | None = None
@@ -96,6 +98,7 @@ class Worker:
             "hardware": self.hardware,
             "price_per_hour": self.price_per_hour,
             "throughput": self.emulate or 0.0,
+            "inbound": self.inbound,
         }
         reply = await self._retry("register", lambda: self._call("POST", f"{API}/register", body), stop)
         self.worker_id = reply["worker_id"]
