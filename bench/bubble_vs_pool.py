@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import write_json
+
 from echo2.control.capacity import bubble_ratio
 
 
@@ -135,9 +137,7 @@ def main() -> None:
         for s, rows in results.items()
     }
     print(json.dumps({s: {k: v for k, v in d.items() if k != "rows"} for s, d in summary.items()}, indent=2))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(args.json, summary)
     if args.plot:
         plot(results, args.plot)
 

@@ -19,7 +19,8 @@ import statistics
 import threading
 import time
 import uuid
-from pathlib import Path
+
+from common import write_json
 
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState, Limits
@@ -132,9 +133,7 @@ def main() -> None:
         "median_records_per_s": statistics.median(r["records_per_s"] for r in runs),
     }
     print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

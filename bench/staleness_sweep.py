@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import write_json
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,9 +66,7 @@ def main() -> None:
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

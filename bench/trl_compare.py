@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import write_json
 
 from echo2.config import ArithmeticTask as ArithmeticConfig
 from echo2.config import GGUFModel, LearnerConfig, RolloutConfig
@@ -43,8 +44,6 @@ def run_echo2(args, task, prompts_per_step):
     )
     lcfg = LearnerConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens)
     engine = HFEngine(copy.deepcopy(model), tok, rcfg)
-    embed = model.get_input_embeddings().weight.numel()
-    NONEMBED_PARAMS["n"] = sum(p.numel() for p in model.parameters()) - embed
     opt = make_optimizer(model, lcfg)
     rows = []
     for step, prompts in enumerate(prompts_per_step):
@@ -64,7 +63,8 @@ def run_echo2(args, task, prompts_per_step):
                 "train_tokens": stats["train/tokens"],
             }
         )
-    return rows
+    nonembed = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    return rows, nonembed
 
 
 def run_trl(args, task, prompts_per_step):
@@ -149,12 +149,9 @@ def run_trl(args, task, prompts_per_step):
     return rows
 
 
-NONEMBED_PARAMS = {"n": 0}
-
-
-def summarise(rows, warmup):
+def summarise(rows, warmup, *, nonembed_params):
     rows = rows[warmup:]
-    flop_per_token = 6 * NONEMBED_PARAMS["n"]  # forward + backward matmuls, embeddings excluded
+    flop_per_token = 6 * nonembed_params  # forward + backward matmuls, embeddings excluded
     return {
         "train_gflop_per_s": statistics.median(
             flop_per_token * r["train_tokens"] / r["train_s"] / 1e9 for r in rows
@@ -185,8 +182,9 @@ def main() -> None:
     total = args.steps + 1
     prompts = [[task.train_prompt(s * args.prompts + i) for i in range(args.prompts)] for s in range(total)]
 
-    ours = summarise(run_echo2(args, task, prompts), warmup=1)
-    trl = summarise(run_trl(args, task, prompts), warmup=1)
+    ours_rows, nonembed = run_echo2(args, task, prompts)
+    ours = summarise(ours_rows, warmup=1, nonembed_params=nonembed)
+    trl = summarise(run_trl(args, task, prompts), warmup=1, nonembed_params=nonembed)  # same model
     result = {
         "setup": {k: v for k, v in vars(args).items() if k not in ("json", "tmp")},
         "echo2": ours,
@@ -198,9 +196,7 @@ def main() -> None:
         "versions": {m: __import__(m).__version__ for m in ("torch", "transformers", "trl")},
     }
     print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

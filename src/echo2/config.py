@@ -283,7 +283,7 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_first_error(e)) from None
+        raise ConfigError(validation_message(e)) from None
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
@@ -292,10 +292,6 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
 
 def validation_message(e: ValidationError) -> str:
     """One line naming the dotted key of the first problem pydantic found."""
-    return _first_error(e)
-
-
-def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file").
     loc = [str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom")]

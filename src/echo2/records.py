@@ -13,6 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+class InvalidTrajectory(ValueError):
+    """A record that breaks the schema; `reason` is the code the coordinator counts it under."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Trajectory:
     """One sampled response to one prompt, scored on the rollout side."""
@@ -35,19 +43,20 @@ class Trajectory:
     def __post_init__(self) -> None:
         problem = self.problem()
         if problem:
-            raise ValueError(f"invalid trajectory {self.record_id}: {problem}")
+            reason, detail = problem
+            raise InvalidTrajectory(reason, f"invalid trajectory {self.record_id}: {detail}")
 
-    def problem(self) -> str | None:
-        """Why this record is malformed, or None."""
+    def problem(self) -> tuple[str, str] | None:
+        """(reason code, detail) if this record is malformed, else None."""
         n = len(self.response_ids)
         if not self.prompt_ids:
-            return "empty prompt"
+            return "malformed", "empty prompt"
         if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
-            return "response_ids, behaviour_logprobs and loss_mask differ in length"
+            return "malformed", "response_ids, behaviour_logprobs and loss_mask differ in length"
         if not math.isfinite(self.reward):
-            return "non-finite reward"
+            return "non_finite_reward", f"reward {self.reward}"
         if self.version < 0:
-            return "negative version"
+            return "malformed", "negative version"
         return None
 
     def to_dict(self) -> dict[str, Any]:

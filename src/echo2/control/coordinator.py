@@ -30,7 +30,7 @@ from echo2.control.protocol import (
     ReturnRequest,
 )
 from echo2.control.state import CoordinatorState, Rejected
-from echo2.records import Trajectory
+from echo2.records import InvalidTrajectory, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -160,11 +160,10 @@ class Coordinator:
             raise
         try:
             records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
-        except ValueError as e:  # lengths disagree, non-finite values caught by Trajectory itself
-            reason = "non_finite_reward" if "non-finite" in str(e) else "malformed"
+        except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
             with self.state.lock:
-                self.state.rejected[reason] += len(req.records)
-            raise Rejected(422, reason, str(e)) from None
+                self.state.rejected[e.reason] += len(req.records)
+            raise Rejected(422, e.reason, str(e)) from None
         return web.json_response(self.state.ingest(req.worker_id, req.lease_id, records))
 
     async def manifest(self, request: web.Request) -> web.Response:

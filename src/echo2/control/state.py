@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import threading
 import time
 import uuid
@@ -322,8 +321,6 @@ class CoordinatorState:
                 )
             if r.version < floor:
                 raise Rejected(409, "stale", f"{where}: version {r.version} < learner version - S = {floor}")
-            if not math.isfinite(r.reward):
-                raise Rejected(422, "non_finite_reward", f"{where}: reward {r.reward}")
             if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
                 raise Rejected(
                     422,
