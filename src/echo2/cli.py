@@ -186,19 +186,20 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     _setup_logging(args.quiet)
     from echo2.learning.loop import run  # heavy: torch, transformers
 
-    remote = args.command == "learner" or workers > 0
+    fleet = _local_provider(config, args) if config.scheduler.provider == "local" else None
+    remote = args.command == "learner" or workers > 0 or fleet is not None
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if workers:
         from echo2.rollout.local_fleet import LocalFleet
 
-        fleet = LocalFleet(workers, threads=config.run.threads, emulate=args.emulate)
+        fleet = LocalFleet.identical(workers, threads=config.run.threads, emulate=args.emulate)
+    if fleet:
         config = config.model_copy(
             update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
         )
         on_ready = fleet.start
     else:
-        fleet = None
 
         def on_ready(source) -> None:
             if remote:
@@ -212,6 +213,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
             progress=not args.quiet,
             remote=remote,
             on_ready=on_ready,
+            provider=fleet if config.scheduler.provider == "local" else None,
         )
     finally:
         if fleet:
@@ -222,6 +224,40 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
             f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})"
         )
     return 0
+
+
+def _local_provider(config, args: argparse.Namespace):
+    """The `local` provider's slots: one per worker of each type in scheduler.pool."""
+    from pydantic import ValidationError
+
+    from echo2.config import validation_message
+    from echo2.control.plan import Pool
+    from echo2.control.provider import Offer
+    from echo2.rollout.local_fleet import LocalFleet
+
+    if args.command != "run" or getattr(args, "workers", 0) or getattr(args, "emulate", None):
+        raise ConfigError(
+            "scheduler.provider = local: use `echo2 run` without --workers/--emulate "
+            "(the pool file lists the workers; scheduler.emulate emulates them)"
+        )
+    path = Path(config.scheduler.pool).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"scheduler.pool: no such file {path}")
+    try:
+        pool = Pool.model_validate(read_toml(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {validation_message(e)}") from None
+    offers = [
+        Offer(name=f"{w.name}-{i}", throughput=w.throughput, price=w.price)
+        for w in pool.workers
+        for i in range(w.count)
+    ]
+    return LocalFleet(
+        offers,
+        initial=config.scheduler.initial_workers,
+        threads=config.run.threads,
+        emulate=config.scheduler.emulate,
+    )
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -192,6 +192,26 @@ class SchedulerConfig(_Section):
     """Release only while capacity exceeds the target by more than this share."""
     window_s: float = Field(30.0, gt=0)
     """Sliding window over heartbeat throughput reports."""
+    provider: Literal["none", "local"] = "none"
+    """"none": standby workers are running processes that get no leases. "local": the scheduler
+    starts and stops worker processes on this machine from the offers in `pool` (`echo2 run`)."""
+    pool: str | None = None
+    """POOL.toml for the local provider, in `echo2 plan --pool` format: [[workers]] with name, count,
+    throughput (trajectories/s, expected) and price (USD/hour)."""
+    initial_workers: int = Field(1, ge=1)
+    """Local provider: workers started with the run (lowest price per unit throughput first)."""
+    emulate: bool = False
+    """Local provider: EMULATED workers (no model), each producing its pool entry's throughput."""
+
+    @model_validator(mode="after")
+    def _provider(self) -> SchedulerConfig:
+        if self.provider == "local" and not self.pool:
+            raise ValueError("scheduler.pool: the local provider needs a POOL.toml")
+        if self.provider == "local" and not self.enabled:
+            raise ValueError(
+                "scheduler.enabled: the local provider is driven by the scheduler; set it to true"
+            )
+        return self
 
 
 # ---------------------------------------------------------------------------- run

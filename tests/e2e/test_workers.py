@@ -89,7 +89,7 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     twice, and /status shows it lost."""
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     config = remote_toy_config(steps=40, heartbeat_timeout=5.0)
-    fleet = LocalFleet(3, threads=2)
+    fleet = LocalFleet.identical(3, threads=2)
     seen: dict = {}
 
     def on_ready(source) -> None:
@@ -105,7 +105,7 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
                     names = {w.worker_id: w.name for w in st.workers.values()}
                 holding = [w for w in leased if names.get(w) == "local-0"]
                 if holding:  # it holds a lease right now
-                    fleet.procs[0].send_signal(signal.SIGKILL)
+                    os.kill(fleet.pid("local-0"), signal.SIGKILL)
                     seen["killed"] = holding[0]
                     break
                 time.sleep(0.05)
@@ -126,12 +126,12 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
 
     try:
         summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
-        survivors_alive = [p.poll() is None for p in fleet.procs[1:]]
+        survivors_alive = sorted(o.name for o in fleet.running())
     finally:
         fleet.stop()
     assert summary["steps"] == 40 and "killed" in seen
     assert "status" in seen, "GET /status reported the killed worker lost while the run went on"
-    assert survivors_alive == [True, True]
+    assert survivors_alive == ["local-1", "local-2"]
     st = seen["source"].state
     assert st.reissued >= 1, "the dead worker's lease went back to the queue"
     assert st.accepted == len(st.buffer._seen), "every accepted record was stored exactly once"
@@ -145,7 +145,7 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
     evicted as stale, exactly once."""
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     config = remote_toy_config(steps=30, heartbeat_timeout=20.0)
-    fleet = LocalFleet(2, threads=2)
+    fleet = LocalFleet.identical(2, threads=2)
     seen: dict = {}
 
     def on_ready(source) -> None:

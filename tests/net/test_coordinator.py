@@ -318,3 +318,85 @@ def test_scheduler_in_the_coordinator_state():
         state.expire()
     assert state.decisions[-1]["worker"] == "d" and "replacing lost" in state.decisions[-1]["reason"]
     assert len(state.decisions) == 3
+
+
+class FakeProvider:
+    """Records start/stop calls; a started slot runs until stopped."""
+
+    def __init__(self, offers) -> None:
+        from echo2.control.provider import Offer
+
+        self.all = {name: Offer(name=name, throughput=mu, price=price) for name, mu, price in offers}
+        self.live: set[str] = set()
+        self.failed: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+
+    def offers(self):
+        return [o for n, o in self.all.items() if n not in self.live and n not in self.failed]
+
+    def running(self):
+        return [self.all[n] for n in sorted(self.live)]
+
+    def owns(self, name):
+        return name in self.all
+
+    def start_slot(self, name):
+        self.calls.append(("start", name))
+        self.live.add(name)
+
+    def stop_slot(self, name, *, failed=False):
+        self.calls.append(("stop-failed" if failed else "stop", name))
+        self.live.discard(name)
+        if failed:
+            self.failed.add(name)
+
+
+def test_scheduler_with_a_provider_starts_and_stops_workers():
+    """With a provider, standby workers are offers, not processes: activation starts one (counted
+    while it starts, so no double start), release stops it (released, not lost, not replaced), and a
+    silent worker is stopped as failed and replaced at once."""
+    from echo2.control.scheduler import Scheduler
+    from echo2.control.state import WorkerStatus
+
+    clock = FakeClock()
+    target = {"mu": 2.0}
+    provider = FakeProvider([("a", 1.0, 0.3), ("b", 1.0, 0.9), ("c", 1.0, 0.4), ("d", 1.0, 0.5)])
+    state = make_state(
+        clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: target["mu"], provider=provider
+    )
+    state.publish(0, b"v0", keep=2)
+    state.expire()
+    clock.now += 20.0
+    state.expire()
+    assert provider.calls == [("start", "a"), ("start", "c")]  # rho 0.3, 0.4 reach 2.0/s
+    clock.now += 40.0
+    state.expire()
+    assert len(provider.calls) == 2, "started-but-unregistered workers count toward capacity"
+    ids = {
+        n: state.register(name=n, hardware="x", price_per_hour=p, inbound=False, throughput=1.0).worker_id
+        for n, p in [("a", 0.3), ("c", 0.4)]
+    }
+    assert state.lease(ids["a"], version=0, max_groups=1) is not None, "a started worker is active"
+
+    target["mu"] = 0.8  # capacity 2.0 is far above: after the sustained interval, "c" (dearer) goes
+    for _ in range(11):
+        clock.now += 2.0
+        for wid in ids.values():
+            state.heartbeat(wid, version=0, throughput=1.0)
+        state.expire()
+    assert provider.calls[-1] == ("stop", "c")
+    assert state.workers[ids["c"]].status is WorkerStatus.RELEASED
+    assert state.decisions[-1]["action"] == "release" and state.decisions[-1]["worker"] == "c"
+    n_decisions = len(state.decisions)
+    for _ in range(10):  # "c" says nothing any more: released, never lost, never replaced
+        clock.now += 2.0
+        state.heartbeat(ids["a"], version=0, throughput=1.0)
+        state.expire()
+    assert state.workers[ids["c"]].status is WorkerStatus.RELEASED and len(state.decisions) == n_decisions
+
+    target["mu"] = 1.0  # "a" goes silent: lost within one heartbeat timeout, stopped as failed, replaced
+    clock.now += 11.0
+    state.expire()
+    assert state.workers[ids["a"]].status is WorkerStatus.LOST
+    assert ("stop-failed", "a") in provider.calls
+    assert provider.calls[-1] == ("start", "c") and "replacing lost" in state.decisions[-1]["reason"]

@@ -214,7 +214,7 @@ class Coordinator:
                 "reissue_queue": len(st.reissue),
                 "reissued": st.reissued,
                 "scheduler_target": st.target() if st.scheduler else None,
-                "scheduler_decisions": list(st.decisions)[-20:],
+                "scheduler_decisions": list(st.decisions)[-20:],  # all of them with a learner (timings)
             }
         body.update(self.status_extra())
         return web.json_response(body)

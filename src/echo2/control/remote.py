@@ -35,7 +35,9 @@ def serialise(snapshot: Snapshot) -> bytes:
 
 
 class RemoteRollout:
-    def __init__(self, *, config: Config, task: Task, buffer: ReplayBuffer, vocab_size: int) -> None:
+    def __init__(
+        self, *, config: Config, task: Task, buffer: ReplayBuffer, vocab_size: int, provider=None
+    ) -> None:
         self.config = config
         self.buffer = buffer
         self.t_train: list[float] = []
@@ -58,6 +60,7 @@ class RemoteRollout:
             else None,
             target=self.target_throughput,
             window_s=config.scheduler.window_s,
+            provider=provider,
         )
         self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
         worker_view = config.model_dump(mode="json", include={"model", "task", "rollout", "coordinator"})
@@ -159,4 +162,10 @@ class RemoteRollout:
             "learner_idle_s": self.idle,
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),
+            "scheduler_decisions": list(self.state.decisions),
+            "workers_cost_per_hour": sum(
+                w.price_per_hour
+                for w in self.state.workers.values()
+                if w.status is WorkerStatus.ACTIVE and not w.standby
+            ),
         }

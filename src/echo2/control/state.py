@@ -17,18 +17,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from echo2.control.scheduler import Role, Scheduler, WorkerView
+from echo2.control.provider import Provider
+from echo2.control.scheduler import Decision, Role, Scheduler, WorkerView
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
+OFFER = "offer:"  # scheduler ids of a provider's slots that have no registered worker
 BCAST_QUANTILE = 0.9  # T_bcast: until q = 1 / gamma of active workers run a version (gamma about 1.1)
 
 
 class WorkerStatus(StrEnum):
     ACTIVE = "active"
     LOST = "lost"
+    RELEASED = "released"
+    """Stopped by the scheduler through a provider (not a failure)."""
 
 
 class Rejected(Exception):
@@ -94,8 +98,12 @@ class CoordinatorState:
         scheduler: Scheduler | None = None,
         target: Callable[[], float | None] = lambda: None,
         window_s: float = 30.0,
+        provider: Provider | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.provider = provider
+        """Starts standby workers as processes and stops released ones (None: standby workers are
+        registered processes that get no leases)."""
         self.target = target
         """Throughput the pool should deliver (gamma * mu_min), or None while unknown."""
         self.window_s = window_s
@@ -138,8 +146,11 @@ class CoordinatorState:
                 inbound=inbound,
                 last_seen=self.clock(),
                 throughput=throughput,
-                # With a scheduler and a known target, newcomers wait in reserve until activated.
-                standby=self.scheduler is not None and self.target() is not None,
+                # With a scheduler and a known target, newcomers wait in reserve until activated;
+                # a provider only starts the workers the scheduler (or the run's start) asked for.
+                standby=self.scheduler is not None
+                and self.target() is not None
+                and not (self.provider is not None and self.provider.owns(name)),
             )
             self.workers[info.worker_id] = info
             logger.info("worker joined: %s (%s, %s)", name, info.worker_id, hardware)
@@ -147,7 +158,7 @@ class CoordinatorState:
 
     def _worker(self, worker_id: str) -> WorkerInfo:
         info = self.workers.get(worker_id)
-        if info is None or info.status is WorkerStatus.LOST:
+        if info is None or info.status is not WorkerStatus.ACTIVE:
             raise Rejected(404, "unknown_worker", f"worker {worker_id!r} is not registered; register again")
         info.last_seen = self.clock()
         return info
@@ -185,6 +196,8 @@ class CoordinatorState:
                     logger.info(
                         "worker lost: %s (%s), silent %.1fs", info.name, info.worker_id, now - info.last_seen
                     )
+                    if self.provider is not None and self.provider.owns(info.name):
+                        self.provider.stop_slot(info.name, failed=True)
             for lease in list(self.leases.values()):
                 owner = self.workers.get(lease.worker_id)
                 lost = owner is None or owner.status is WorkerStatus.LOST
@@ -204,35 +217,62 @@ class CoordinatorState:
         target = self.target()
         if target is None:
             return
+        roles = {WorkerStatus.LOST: Role.LOST, WorkerStatus.ACTIVE: Role.ACTIVE}
         views = [
             WorkerView(
                 worker_id=w.worker_id,
                 throughput=self._windowed_throughput(w, now),
                 price=w.price_per_hour,
-                role=Role.LOST
-                if w.status is WorkerStatus.LOST
-                else Role.STANDBY
-                if w.standby
-                else Role.ACTIVE,
+                role=Role.STANDBY if w.standby else roles[w.status],
             )
             for w in self.workers.values()
+            if w.status is not WorkerStatus.RELEASED
         ]
+        if self.provider is not None:
+            live = {w.name for w in self.workers.values() if w.status is WorkerStatus.ACTIVE}
+            # Started but not registered yet: count them, so the scheduler does not start more.
+            views += [
+                WorkerView(worker_id=OFFER + o.name, throughput=o.throughput, price=o.price, role=Role.ACTIVE)
+                for o in self.provider.running()
+                if o.name not in live
+            ]
+            views += [
+                WorkerView(
+                    worker_id=OFFER + o.name, throughput=o.throughput, price=o.price, role=Role.STANDBY
+                )
+                for o in self.provider.offers()
+            ]
         for d in self.scheduler.decide(views, target=target, now=now):
-            info = self.workers[d.worker_id]
-            info.standby = d.action == "release"
-            if info.standby:
-                for lease in [le for le in self.leases.values() if le.worker_id == d.worker_id]:
-                    self._reissue(lease)
+            name = self._apply(d)
             self.decisions.append(
                 {
                     "time": now,
                     "action": d.action,
-                    "worker": info.name,
+                    "worker": name,
                     "worker_id": d.worker_id,
                     "reason": d.reason,
                 }
             )
-            logger.info("scheduler: %s %s (%s): %s", d.action, info.name, d.worker_id, d.reason)
+            logger.info("scheduler: %s %s (%s): %s", d.action, name, d.worker_id, d.reason)
+
+    def _apply(self, d: Decision) -> str:
+        """Carry out one decision; returns the worker's name."""
+        if d.worker_id.startswith(OFFER):
+            name = d.worker_id.removeprefix(OFFER)
+            if d.action == "activate":
+                self.provider.start_slot(name)
+            else:  # started, not registered yet
+                self.provider.stop_slot(name)
+            return name
+        info = self.workers[d.worker_id]
+        if d.action == "release":
+            for lease in [le for le in self.leases.values() if le.worker_id == d.worker_id]:
+                self._reissue(lease)
+            if self.provider is not None and self.provider.owns(info.name):
+                self.provider.stop_slot(info.name)
+                info.status = WorkerStatus.RELEASED
+        info.standby = d.action == "release" and info.status is WorkerStatus.ACTIVE
+        return info.name
 
     def _reissue(self, lease: Lease) -> None:
         del self.leases[lease.lease_id]

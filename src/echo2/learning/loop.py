@@ -51,9 +51,11 @@ def run(
     progress: bool = True,
     remote: bool = False,
     on_ready: Callable[[Any], None] = lambda source: None,
+    provider=None,
 ) -> dict[str, Any]:
     """Train for `learner.steps`. With `remote`, serve a coordinator and train on what workers push;
-    `on_ready(source)` is called once it listens (to start workers or print the URL)."""
+    `on_ready(source)` is called once it listens (to start workers or print the URL); a `provider`
+    lets the scheduler start and stop workers (control/provider.py)."""
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
 
@@ -79,7 +81,9 @@ def run(
     if remote:
         from echo2.control.remote import RemoteRollout
 
-        source = RemoteRollout(config=config, task=task, buffer=buffer, vocab_size=len(tokenizer))
+        source = RemoteRollout(
+            config=config, task=task, buffer=buffer, vocab_size=len(tokenizer), provider=provider
+        )
     else:
         source = LocalRollout(engine=engine, task=task, buffer=buffer, config=rcfg, seed=config.run.seed)
     if saved_source:
