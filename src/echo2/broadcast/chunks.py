@@ -1,0 +1,186 @@
+"""Snapshot wire format: fixed-size chunks, a manifest of their SHA-256 hashes, an Ed25519 signature.
+
+The learner signs the manifest; relays are untrusted. A worker verifies the manifest against the
+learner's public key before using it, and every chunk against the manifest before storing,
+forwarding or installing it (DESIGN.md invariants). No I/O except the key file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+_DOMAIN = b"echo2-snapshot-manifest-v1\n"
+"""Prefixed to the signed bytes so a manifest signature cannot be replayed as another message."""
+
+
+class VerificationError(ValueError):
+    """A manifest or chunk failed verification; the message says why."""
+
+
+def split(data: bytes, chunk_size: int) -> list[bytes]:
+    """Consecutive pieces of `chunk_size` bytes (the last may be shorter); no chunks for no data."""
+    if chunk_size <= 0:
+        raise ValueError("chunk_size must be positive")
+    return [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)]
+
+
+def sha256_hex(b: bytes | memoryview) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(ge=0)
+    total_size: int = Field(ge=0)
+    chunk_size: int = Field(gt=0)
+    chunk_sha256: list[str]
+    signature: str = ""
+    """Hex Ed25519 signature over `signed_bytes()`; empty before signing."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        expected = -(-self.total_size // self.chunk_size)
+        if len(self.chunk_sha256) != expected:
+            raise ValueError(
+                f"chunk_sha256 lists {len(self.chunk_sha256)} hashes; "
+                f"total_size {self.total_size} in chunks of {self.chunk_size} makes {expected}"
+            )
+        if any(len(h) != 64 or h.strip("0123456789abcdef") for h in self.chunk_sha256):
+            raise ValueError("chunk_sha256 entries must be 64 lowercase hex digits")
+        return self
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_sha256)
+
+    def chunk_range(self, index: int) -> tuple[int, int]:
+        """[start, end) byte offsets of chunk `index` in the snapshot."""
+        if not 0 <= index < self.num_chunks:
+            raise IndexError(f"chunk {index} out of range 0..{self.num_chunks - 1}")
+        start = index * self.chunk_size
+        return start, min(start + self.chunk_size, self.total_size)
+
+    def signed_bytes(self) -> bytes:
+        """Canonical bytes of every field but the signature (sorted keys, compact JSON)."""
+        body = self.model_dump(exclude={"signature"})
+        return _DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """Parse and validate; a malformed manifest raises VerificationError naming the field."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as e:
+            raise VerificationError(f"malformed manifest: {e}") from e
+
+
+def make_manifest(
+    version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey
+) -> tuple[Manifest, list[bytes]]:
+    """Split `data`, hash every chunk and sign the manifest with the learner's key."""
+    chunks = split(data, chunk_size)
+    unsigned = Manifest(
+        version=version,
+        total_size=len(data),
+        chunk_size=chunk_size,
+        chunk_sha256=[sha256_hex(c) for c in chunks],
+    )
+    signature = key.sign(unsigned.signed_bytes()).hex()
+    return unsigned.model_copy(update={"signature": signature}), chunks
+
+
+def verify_manifest(manifest: Manifest, public_key: Ed25519PublicKey | str) -> None:
+    """Raise VerificationError unless the learner's key signed exactly these fields."""
+    key = load_public_key(public_key) if isinstance(public_key, str) else public_key
+    if not manifest.signature:
+        raise VerificationError(f"manifest for version {manifest.version} is not signed")
+    try:
+        signature = bytes.fromhex(manifest.signature)
+    except ValueError as e:
+        raise VerificationError("manifest signature is not hex") from e
+    try:
+        key.verify(signature, manifest.signed_bytes())
+    except InvalidSignature as e:
+        raise VerificationError(
+            f"bad signature on the manifest for version {manifest.version}: "
+            "altered, or not signed by the learner's key"
+        ) from e
+
+
+def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> bool:
+    """Whether `data` is chunk `index` of the snapshot: right length and SHA-256."""
+    if not 0 <= index < manifest.num_chunks:
+        return False
+    start, end = manifest.chunk_range(index)
+    return len(data) == end - start and sha256_hex(data) == manifest.chunk_sha256[index]
+
+
+def assemble(manifest: Manifest, chunks: dict[int, bytes]) -> bytes:
+    """The snapshot from all its chunks; VerificationError if one is missing, extra or corrupt."""
+    missing = [i for i in range(manifest.num_chunks) if i not in chunks]
+    if missing:
+        raise VerificationError(f"{len(missing)} chunk(s) missing, first {missing[:5]}")
+    extra = sorted(set(chunks) - set(range(manifest.num_chunks)))
+    if extra:
+        raise VerificationError(f"unexpected chunk index(es) {extra[:5]}")
+    for i in range(manifest.num_chunks):
+        if not verify_chunk(manifest, i, chunks[i]):
+            raise VerificationError(f"chunk {i} does not match its hash in the manifest")
+    return b"".join(chunks[i] for i in range(manifest.num_chunks))
+
+
+def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
+    """The learner's signing key: read from PEM at `path`, or generated and saved there (mode
+    0600, never overwriting a key another process saved first) and reused afterwards."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # atomic and no-clobber: a concurrent creator's key wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 private key")
+    return key
+
+
+def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """The raw 32-byte public key in hex (what workers are configured with)."""
+    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def load_public_key(hex_key: str) -> Ed25519PublicKey:
+    try:
+        raw = bytes.fromhex(hex_key)
+    except ValueError as e:
+        raise ValueError("public key is not hex") from e
+    if len(raw) != 32:
+        raise ValueError(f"an Ed25519 public key is 32 bytes, got {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)

@@ -1,0 +1,235 @@
+"""Forwarding chains for snapshot broadcast (paper 4.2 and Appendix C.3): pure, no I/O, no clock.
+
+Workers are scored from their transfer history (`PeerStats`, the Appendix C.3 formula with the
+constants of DESIGN.md "Reference details"), ranked, and laid out as N_ch = floor(B0 / Bw) chains
+of fan-out 1 (`build_chains`). A failed relay is excised and its tail reattaches to its parent
+(`ChainPlan.excise`). The broadcast-time formulas let the planner, the simulator and the benchmarks
+compare chains with a star against the fluid lower bound M / Bw.
+
+Units: sizes in bytes, bandwidths in bytes per second, times in seconds (callers convert Mbps).
+The caller passes `now` (any monotonic clock in seconds) wherever time matters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+NEUTRAL_SCORE = 55.0
+"""Score of a worker with no history: slightly above average, so newcomers get tried."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreParams:
+    """The operational defaults of Appendix C.3 ("Coefficient choices")."""
+
+    failure_threshold: int = 3
+    """Stability drops to 0 after more than this many consecutive failures."""
+    success_saturation: int = 10
+    """Consecutive successes at which Stability reaches 1."""
+    decay_window_s: float = 600.0
+    """Idle seconds over which Decay falls; it never falls below 1 - max_decay."""
+    max_decay: float = 0.3
+    history: int = 10
+    """Speed is the mean rate of this many most recent transfers."""
+
+
+@dataclass(slots=True, kw_only=True)
+class PeerStats:
+    """Transfer history of one worker and its score (Appendix C.3, Lattica's peer selection).
+
+    Score = Decay * (0.5 Speed + 0.35 Success*100 + 0.15 Stability*100), on a 0-100 scale.
+    """
+
+    params: ScoreParams = field(default_factory=ScoreParams)
+    successes: int = 0
+    failures: int = 0
+    consecutive_successes: int = 0
+    consecutive_failures: int = 0
+    last_update: float | None = None
+    rates: deque[float] = field(init=False)
+    """Bytes/s of the most recent transfers (at most `params.history`)."""
+
+    def __post_init__(self) -> None:
+        self.rates = deque(maxlen=self.params.history)
+
+    def record_transfer(self, nbytes: int, seconds: float, now: float) -> None:
+        """A successful transfer of `nbytes` in `seconds`; a zero duration counts but has no rate."""
+        self.successes += 1
+        self.consecutive_successes += 1
+        self.consecutive_failures = 0
+        self.last_update = now
+        if seconds > 0:
+            self.rates.append(nbytes / seconds)
+
+    def record_failure(self, now: float) -> None:
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.consecutive_successes = 0
+        self.last_update = now
+
+    def speed(self) -> float:
+        """clamp((log10(mean rate) - 3) / 5 * 100, 0, 100): 1 KB/s -> 0, 1 MB/s -> 60, 100 MB/s -> 100."""
+        if not self.rates:
+            return 0.0
+        mean = sum(self.rates) / len(self.rates)
+        if mean <= 0:
+            return 0.0
+        return min(100.0, max(0.0, (math.log10(mean) - 3) / 5 * 100))
+
+    def success(self) -> float:
+        total = self.successes + self.failures
+        return self.successes / total if total else 0.5
+
+    def stability(self) -> float:
+        if self.consecutive_failures > self.params.failure_threshold:
+            return 0.0
+        sat = self.params.success_saturation
+        return min(self.consecutive_successes, sat) / sat
+
+    def decay(self, now: float) -> float:
+        if self.last_update is None:
+            return 1.0
+        idle = max(0.0, now - self.last_update)
+        return 1 - min(idle / self.params.decay_window_s, self.params.max_decay)
+
+    def score(self, now: float) -> float:
+        if self.successes == 0 and self.failures == 0:
+            return NEUTRAL_SCORE
+        raw = 0.5 * self.speed() + 0.35 * self.success() * 100 + 0.15 * self.stability() * 100
+        return min(100.0, max(0.0, self.decay(now) * raw))
+
+
+def n_chains(uplink_bps: float, worker_bps: float, n_workers: int) -> int:
+    """N_ch = floor(B0 / Bw_hat), at least 1 and at most n_workers (still 1 when there are none)."""
+    if worker_bps <= 0 or uplink_bps <= 0:
+        raise ValueError("uplink_bps and worker_bps must be positive")
+    ratio = uplink_bps / worker_bps
+    k = n_workers if math.isinf(ratio) else math.floor(ratio * (1 + 1e-9))  # 0.3/0.1 is 2.999...
+    return max(1, min(k, n_workers))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerInfo:
+    worker_id: str
+    score: float
+    inbound: bool
+    """Accepts inbound connections, so it can serve a child; without it a worker is only a tail."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChainPlan:
+    """Chains of worker ids, each listed from its seed (fed by the learner) downwards."""
+
+    chains: tuple[tuple[str, ...], ...]
+    mode: str = "chain"
+    """"chain" (peer forwarding) or "star" (the learner feeds everyone)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("chain", "star"):
+            raise ValueError(f"mode must be 'chain' or 'star', not {self.mode!r}")
+        ids = [w for chain in self.chains for w in chain]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a worker appears more than once in the plan")
+        if any(not chain for chain in self.chains):
+            raise ValueError("a chain is empty")
+
+    def _locate(self, worker_id: str) -> tuple[int, int]:
+        for ci, chain in enumerate(self.chains):
+            if worker_id in chain:
+                return ci, chain.index(worker_id)
+        raise KeyError(worker_id)
+
+    def parent_of(self, worker_id: str) -> str | None:
+        """The peer this worker receives from; None means the learner. KeyError if not planned."""
+        ci, pos = self._locate(worker_id)
+        return self.chains[ci][pos - 1] if pos > 0 else None
+
+    def child_of(self, worker_id: str) -> str | None:
+        """The peer this worker forwards to; None at a tail. KeyError if not planned."""
+        ci, pos = self._locate(worker_id)
+        chain = self.chains[ci]
+        return chain[pos + 1] if pos + 1 < len(chain) else None
+
+    def workers(self) -> tuple[str, ...]:
+        return tuple(w for chain in self.chains for w in chain)
+
+    def excise(self, worker_id: str) -> ChainPlan:
+        """Remove a failed worker (Appendix C.3, "Recovery mechanism"): its child and the rest of
+        its chain reattach to its parent, the nearest healthy upstream peer or the learner. A
+        worker not in the plan leaves it unchanged (failure reports may arrive twice)."""
+        try:
+            ci, pos = self._locate(worker_id)
+        except KeyError:
+            return self
+        rest = self.chains[ci][:pos] + self.chains[ci][pos + 1 :]
+        chains = self.chains[:ci] + ((rest,) if rest else ()) + self.chains[ci + 1 :]
+        return ChainPlan(chains=chains, mode=self.mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "chains": [list(chain) for chain in self.chains]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChainPlan:
+        return cls(chains=tuple(tuple(str(w) for w in chain) for chain in d["chains"]), mode=d["mode"])
+
+
+def build_chains(peers: list[PeerInfo], n_ch: int) -> ChainPlan:
+    """Chain assembly of Appendix C.3, fan-out 1.
+
+    Peers are ranked by score, descending (ties by worker_id). The top n_ch inbound-capable peers
+    are seeds; the other inbound-capable peers are appended to the chain tails round-robin in rank
+    order. A peer without inbound connections cannot serve a child, so it only ever sits at a
+    tail: such peers are appended last, in rank order, continuing the round robin (shortest chains
+    first), at most one per chain. When there are fewer inbound-capable peers than n_ch, or more
+    inbound-less peers than chains, each remaining inbound-less peer gets a chain of its own, fed
+    directly by the learner (so the learner may then serve more than n_ch flows).
+    """
+    if n_ch < 1:
+        raise ValueError("n_ch must be at least 1")
+    ranked = sorted(peers, key=lambda p: (-p.score, p.worker_id))
+    relays = [p.worker_id for p in ranked if p.inbound]
+    tails = [p.worker_id for p in ranked if not p.inbound]
+    chains: list[list[str]] = [[w] for w in relays[:n_ch]]
+    cursor = 0
+    for w in relays[n_ch:]:
+        chains[cursor].append(w)
+        cursor = (cursor + 1) % len(chains)
+    n_relay_chains = len(chains)
+    for i, w in enumerate(tails):
+        if i < n_relay_chains:
+            chains[(cursor + i) % n_relay_chains].append(w)
+        else:
+            chains.append([w])
+    return ChainPlan(chains=tuple(tuple(c) for c in chains), mode="chain")
+
+
+def build_star(worker_ids: list[str]) -> ChainPlan:
+    """Push-to-all: every worker is its own length-1 chain, fed by the learner."""
+    return ChainPlan(chains=tuple((w,) for w in worker_ids), mode="star")
+
+
+def chain_broadcast_time(
+    n: int, n_ch: int, size_bytes: float, chunk_bytes: float, worker_bps: float, hop_delay_s: float
+) -> float:
+    """L*d + (K + L - 1) * c / Bw with L = ceil(n / n_ch) hops and K = ceil(M / c) chunks
+    (store-and-forward pipeline; DESIGN.md "Broadcast time")."""
+    if n <= 0:
+        return 0.0
+    hops = math.ceil(n / n_ch)
+    k = math.ceil(size_bytes / chunk_bytes)
+    return hops * hop_delay_s + (k + hops - 1) * chunk_bytes / worker_bps
+
+
+def star_broadcast_time(n: int, size_bytes: float, uplink_bps: float, worker_bps: float) -> float:
+    """M / min(B0 / n, Bw): the learner uplink is shared by all n receivers."""
+    if n <= 0:
+        return 0.0
+    return size_bytes / min(uplink_bps / n, worker_bps)
+
+
+def lower_bound(size_bytes: float, worker_bps: float) -> float:
+    """M / Bw: no receiver can download faster than its own link (fluid model, B0 >= Bw)."""
+    return size_bytes / worker_bps

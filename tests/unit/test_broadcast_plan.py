@@ -1,0 +1,268 @@
+"""Chain planning and worker scores (Appendix C.3), pinned against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from echo2.broadcast import plan as bp
+from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, ScoreParams
+
+MB = 1_000_000
+
+
+def stats_with(n: int, rate: float, start: float = 0.0) -> PeerStats:
+    s = PeerStats()
+    for i in range(n):
+        s.record_transfer(int(rate), 1.0, now=start + i)
+    return s
+
+
+# --- scores -------------------------------------------------------------------------------------
+
+
+def test_no_history_scores_neutral_55():
+    assert PeerStats().score(now=1e6) == bp.NEUTRAL_SCORE == 55.0
+
+
+def test_ten_transfers_at_1_mb_per_s_score_80():
+    s = stats_with(10, 1 * MB)
+    assert s.speed() == pytest.approx(60.0)
+    assert s.success() == 1.0 and s.stability() == 1.0
+    assert s.score(now=9.0) == pytest.approx(0.5 * 60 + 35 + 15)  # 80, no decay
+
+
+def test_decay_caps_at_30_percent_after_idle():
+    s = stats_with(10, 1 * MB)  # last update at t = 9
+    assert s.score(now=9 + 60) == pytest.approx(0.9 * 80)  # 1 - 60/600
+    assert s.score(now=9 + 180) == pytest.approx(0.7 * 80)  # 1 - 0.3
+    assert s.score(now=9 + 600) == pytest.approx(0.7 * 80)
+    assert s.score(now=0.0) == pytest.approx(80)  # a clock behind the last update: no decay
+
+
+def test_speed_scale_and_clamp():
+    for rate, speed in [(1e3, 0.0), (1e6, 60.0), (1e8, 100.0), (1e10, 100.0), (100.0, 0.0)]:
+        assert stats_with(1, rate).speed() == pytest.approx(speed)
+    s = PeerStats()
+    s.record_transfer(1 * MB, 1.0, now=0)
+    s.record_transfer(100 * MB, 1.0, now=1)  # mean of rates, not of scores
+    assert s.speed() == pytest.approx((math.log10(50.5e6) - 3) / 5 * 100)
+
+
+def test_speed_uses_only_the_last_ten_transfers():
+    s = PeerStats()
+    s.record_transfer(100 * MB, 1.0, now=0)
+    for i in range(10):
+        s.record_transfer(1 * MB, 1.0, now=1 + i)
+    assert s.speed() == pytest.approx(60.0)
+    assert s.successes == 11
+
+
+def test_zero_duration_counts_as_success_without_rate():
+    s = PeerStats()
+    s.record_transfer(10, 0.0, now=0)
+    assert s.speed() == 0.0 and s.success() == 1.0
+    assert s.score(now=0) == pytest.approx(35 + 0.15 * 10)
+
+
+def test_failures_lower_success_and_stability():
+    s = stats_with(10, 1 * MB)
+    for i in range(4):
+        s.record_failure(now=10 + i)
+    assert s.consecutive_failures == 4 and s.stability() == 0.0  # more than 3 in a row
+    assert s.success() == pytest.approx(10 / 14)
+    assert s.score(now=13) == pytest.approx(0.5 * 60 + 35 * 10 / 14)  # 55
+    s.record_transfer(MB, 1.0, now=14)  # one success resets the failure run
+    assert s.consecutive_failures == 0 and s.stability() == pytest.approx(0.1)
+
+
+def test_only_failures_scores_zero():
+    s = PeerStats()
+    s.record_failure(now=0)
+    assert s.success() == 0.0 and s.score(now=0) == 0.0
+
+
+def test_score_params_are_configurable():
+    s = PeerStats(params=ScoreParams(success_saturation=5, decay_window_s=100, history=2))
+    for i in range(3):
+        s.record_transfer([100 * MB, MB, MB][i], 1.0, now=i)
+    assert s.speed() == pytest.approx(60.0)  # history 2 drops the 100 MB/s transfer
+    assert s.stability() == pytest.approx(3 / 5)
+    assert s.decay(now=2 + 10) == pytest.approx(0.9)
+    assert PeerStats().success() == 0.5  # no history
+
+
+# --- chain count and formulas ---------------------------------------------------------------------
+
+
+def test_n_chains():
+    assert bp.n_chains(100 * MB, 10 * MB, 50) == 10
+    assert bp.n_chains(100 * MB, 10 * MB, 4) == 4  # no more chains than workers
+    assert bp.n_chains(5 * MB, 10 * MB, 8) == 1  # at least one
+    assert bp.n_chains(125 * MB, 10 * MB, 50) == 12  # floor
+    assert bp.n_chains(0.3, 0.1, 10) == 3  # not floor(2.9999999999999996)
+    assert bp.n_chains(math.inf, 10 * MB, 7) == 7
+    assert bp.n_chains(100 * MB, 10 * MB, 0) == 1
+    with pytest.raises(ValueError):
+        bp.n_chains(100 * MB, 0, 5)
+
+
+def test_broadcast_time_formulas_hand_computed():
+    # L = ceil(8/2) = 4 hops, K = 25 chunks of 4 MB at 10 MB/s: 4 * 0.05 + (25 + 3) * 0.4 = 11.4 s
+    assert bp.chain_broadcast_time(8, 2, 100 * MB, 4 * MB, 10 * MB, 0.05) == pytest.approx(11.4)
+    # K = ceil(10/4) = 3, L = ceil(5/2) = 3: 3 * 0.1 + (3 + 2) * 0.4 = 2.3 s
+    assert bp.chain_broadcast_time(5, 2, 10 * MB, 4 * MB, 10 * MB, 0.1) == pytest.approx(2.3)
+    assert bp.chain_broadcast_time(0, 2, 10 * MB, 4 * MB, 10 * MB, 0.1) == 0.0
+    # star: 10 receivers share 50 MB/s -> 5 MB/s each; 2 receivers are capped by Bw = 10 MB/s
+    assert bp.star_broadcast_time(10, 100 * MB, 50 * MB, 10 * MB) == pytest.approx(20.0)
+    assert bp.star_broadcast_time(2, 100 * MB, 50 * MB, 10 * MB) == pytest.approx(10.0)
+    assert bp.lower_bound(100 * MB, 10 * MB) == pytest.approx(10.0)
+
+
+@given(
+    n=st.integers(1, 500),
+    n_ch=st.integers(1, 50),
+    size=st.floats(1e3, 1e11),
+    chunk=st.floats(1e3, 1e8),
+    bw=st.floats(1e3, 1e10),
+    d=st.floats(0, 1),
+)
+def test_chain_time_never_beats_the_lower_bound(n, n_ch, size, chunk, bw, d):
+    assert bp.chain_broadcast_time(n, n_ch, size, chunk, bw, d) >= bp.lower_bound(size, bw) * (1 - 1e-12)
+
+
+# --- chain assembly ---------------------------------------------------------------------------------
+
+
+def peers(*specs: tuple[str, float, bool]) -> list[PeerInfo]:
+    return [PeerInfo(worker_id=w, score=s, inbound=i) for w, s, i in specs]
+
+
+def test_seeds_are_top_ranked_and_the_rest_round_robin_in_rank_order():
+    ps = peers(*[(f"w{i}", 90 - i, True) for i in range(7)])
+    plan = bp.build_chains(list(reversed(ps)), 3)
+    assert plan.mode == "chain"
+    assert plan.chains == (("w0", "w3", "w6"), ("w1", "w4"), ("w2", "w5"))
+    assert plan.parent_of("w0") is None and plan.child_of("w0") == "w3"
+    assert plan.parent_of("w6") == "w3" and plan.child_of("w6") is None
+    assert plan.workers() == ("w0", "w3", "w6", "w1", "w4", "w2", "w5")
+
+
+def test_ties_are_broken_by_worker_id():
+    plan = bp.build_chains(peers(("b", 50, True), ("a", 50, True), ("c", 60, True)), 2)
+    assert plan.chains == (("c", "b"), ("a",))
+
+
+def test_inbound_less_workers_only_at_tails_at_most_one_per_chain():
+    ps = peers(
+        ("x", 99, False),  # best score, but cannot serve a child: not a seed
+        ("a", 80, True),
+        ("b", 70, True),
+        ("c", 60, True),
+        ("y", 50, False),
+        ("z", 40, False),
+    )
+    plan = bp.build_chains(ps, 2)
+    # seeds a, b; c to chain 0; the round robin continues at chain 1 with x, then y to chain 0;
+    # z finds every chain with an inbound-less tail and gets its own chain from the learner
+    assert plan.chains == (("a", "c", "y"), ("b", "x"), ("z",))
+    for w in "xyz":
+        assert plan.child_of(w) is None
+
+
+def test_fewer_inbound_capable_workers_than_chains():
+    plan = bp.build_chains(peers(("a", 50, True), ("x", 90, False), ("y", 80, False), ("z", 70, False)), 3)
+    assert plan.chains == (("a", "x"), ("y",), ("z",))
+    assert bp.build_chains(peers(("x", 1, False), ("y", 2, False)), 4).chains == (("y",), ("x",))
+
+
+def test_more_chains_than_workers_and_empty_fleet():
+    plan = bp.build_chains(peers(("a", 1, True), ("b", 2, True)), 5)
+    assert plan.chains == (("b",), ("a",))
+    assert bp.build_chains([], 3).chains == ()
+    with pytest.raises(ValueError):
+        bp.build_chains(peers(("a", 1, True)), 0)
+
+
+def test_star_plan_and_dict_round_trip():
+    star = bp.build_star(["a", "b", "c"])
+    assert star.mode == "star" and star.chains == (("a",), ("b",), ("c",))
+    assert all(star.parent_of(w) is None and star.child_of(w) is None for w in "abc")
+    plan = bp.build_chains(peers(*[(f"w{i}", i, True) for i in range(5)]), 2)
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d == {"mode": "chain", "chains": [["w4", "w2", "w0"], ["w3", "w1"]]}
+    assert ChainPlan.from_dict(d) == plan
+
+
+def test_plan_validation_and_unknown_workers():
+    with pytest.raises(ValueError):
+        ChainPlan(chains=(("a", "b"), ("a",)))
+    with pytest.raises(ValueError):
+        ChainPlan(chains=(("a",), ()))
+    with pytest.raises(ValueError):
+        ChainPlan(chains=(("a",),), mode="tree")
+    with pytest.raises(KeyError):
+        ChainPlan(chains=(("a",),)).parent_of("nobody")
+
+
+# --- recovery ----------------------------------------------------------------------------------------
+
+PLAN = ChainPlan(chains=(("a", "b", "c", "d"), ("e", "f"), ("g",)))
+
+
+def test_excise_seed_promotes_its_child_to_seed():
+    new = PLAN.excise("a")
+    assert new.chains == (("b", "c", "d"), ("e", "f"), ("g",))
+    assert new.parent_of("b") is None  # now fed by the learner
+    assert PLAN.chains[0] == ("a", "b", "c", "d")  # the old plan is unchanged
+
+
+def test_excise_relay_reattaches_its_tail_to_the_nearest_healthy_parent():
+    new = PLAN.excise("b").excise("c")
+    assert new.chains[0] == ("a", "d")
+    assert new.parent_of("d") == "a" and new.child_of("a") == "d"
+
+
+def test_excise_tail_and_single_worker_chain():
+    new = PLAN.excise("f")
+    assert new.chains == (("a", "b", "c", "d"), ("e",), ("g",))
+    assert new.child_of("e") is None
+    assert PLAN.excise("g").chains == (("a", "b", "c", "d"), ("e", "f"))
+    assert PLAN.excise("nobody") is PLAN
+    assert bp.build_star(["a", "b"]).excise("a").mode == "star"
+
+
+@st.composite
+def fleets(draw):
+    n = draw(st.integers(0, 30))
+    ids = [f"w{i:02d}" for i in range(n)]
+    ps = [PeerInfo(worker_id=w, score=draw(st.floats(0, 100)), inbound=draw(st.booleans())) for w in ids]
+    return ps, draw(st.integers(1, 10)), draw(st.permutations(ids))
+
+
+@settings(max_examples=200)
+@given(fleets())
+def test_plans_partition_the_fleet_and_keep_inbound_less_workers_at_tails(fleet):
+    ps, n_ch, failure_order = fleet
+    inbound = {p.worker_id: p.inbound for p in ps}
+    plan = bp.build_chains(ps, n_ch)
+    assert sorted(plan.workers()) == sorted(inbound)
+    n_in = sum(inbound.values())
+    n_relay_chains = min(n_ch, n_in)
+    assert len(plan.chains) == n_relay_chains + max(0, len(ps) - n_in - n_relay_chains)
+    lengths = [len(c) for c in plan.chains[:n_relay_chains]]
+    if lengths:
+        assert max(lengths) - min(lengths) <= 1  # round robin keeps relay chains balanced
+    for step in range(len(failure_order) + 1):
+        for w in plan.workers():
+            if not inbound[w]:
+                assert plan.child_of(w) is None
+        if step < len(failure_order):
+            before = plan.workers()
+            plan = plan.excise(failure_order[step])
+            assert plan.workers() == tuple(w for w in before if w != failure_order[step])
+    assert plan.chains == ()
