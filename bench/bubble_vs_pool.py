@@ -1,19 +1,16 @@
 """Benchmark: learner bubble ratio versus pool size, measured with EMULATED workers and predicted.
 
 For each S and pool size N, runs the real learner (a random Llama big enough that a step takes
-about a second) with N local workers whose engines are emulated at RATE trajectories/s each
-(`echo2 run --workers N --emulate RATE`). Measured bubble = learner wait / (wait + train) over the
-steps after the first `--warmup` (worker start-up excluded). Predicted bubble = the capacity model's
-`bubble_ratio(kappa, T_train, T_bcast, R, N * RATE)` with T_train and T_bcast measured in the same
-run. The threshold is the smallest N with bubble < 5%.
+about two seconds) with N local workers whose engines are emulated at RATE trajectories/s each
+(`echo2 run --workers N --emulate RATE`; kappa = max(1, S - 1)). Measured bubble = learner wait /
+(wait + train) over the steps after the first `--warmup` (worker start-up excluded). Two
+predictions from control/capacity.py, with T_train and T_bcast measured in the same run:
+`bubble_ratio` (the paper's conservative cycle model: rollouts wait for each broadcast) and
+`bubble_ratio_continuous` (workers keep generating under their installed version while the
+staleness bound holds, as echo2's do). The threshold is the smallest N with bubble < 5%.
 
-    python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 --rate 6 --json docs/bench/bubble.json --plot docs/bench/bubble.png
-
-Status: not yet part of docs/benchmarks.md. A first point (S = 2, N = 2, rate 6/s, default model)
-measured T_train 2.1 s, T_bcast 7.0 s (the 140 MB snapshot plus up to one heartbeat interval),
-bubble 0.51 measured against 0.79 predicted: when S > kappa, workers keep generating under older
-admissible versions while a broadcast is in flight, which the paper's conservative cycle model
-does not credit. The setup (snapshot size, heartbeat interval) and the predictor need work first.
+    python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 --rate 6 \
+        --json docs/bench/bubble.json --plot docs/bench/bubble.png
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from pathlib import Path
 
 from common import write_json
 
-from echo2.control.capacity import bubble_ratio
+from echo2.control.capacity import bubble_ratio, bubble_ratio_continuous
 
 
 def one(args, s: int, n: int, tmp: Path) -> dict:
@@ -47,6 +44,8 @@ def one(args, s: int, n: int, tmp: Path) -> dict:
         f"--model.num_layers={args.layers}",
         f"--rollout.prompts_per_step={args.prompts}",
         f"--rollout.group_size={args.n}",
+        f"--coordinator.heartbeat_interval={args.heartbeat}",
+        "--coordinator.groups_per_lease=1",
         f"--run.dir={run_dir}",
         "-q",
     ]
@@ -58,6 +57,7 @@ def one(args, s: int, n: int, tmp: Path) -> dict:
     kappa = max(1, s - 1)
     batch = args.prompts * args.n
     t_train, t_bcast = summary["t_train"], summary["t_bcast"] or 0.0
+    timing = dict(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=n * args.rate)
     return {
         "staleness": s,
         "kappa": kappa,
@@ -67,9 +67,8 @@ def one(args, s: int, n: int, tmp: Path) -> dict:
         "t_train": t_train,
         "t_bcast": t_bcast,
         "measured_bubble": wait / (wait + train),
-        "predicted_bubble": bubble_ratio(
-            kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=n * args.rate
-        ),
+        "predicted_bubble": bubble_ratio_continuous(staleness=s, **timing),
+        "paper_cycle_bubble": bubble_ratio(**timing),
         "max_staleness": max(r["staleness/max"] for r in rows),
     }
 
@@ -89,12 +88,10 @@ def plot(results: dict[int, list[dict]], path: str) -> None:
     for s, rows in results.items():
         pools = [r["pool"] for r in rows]
         (line,) = ax.plot(pools, [r["measured_bubble"] for r in rows], "o-", label=f"S={s} measured")
+        c = line.get_color()
+        ax.plot(pools, [r["predicted_bubble"] for r in rows], "--", color=c, label=f"S={s} predicted")
         ax.plot(
-            pools,
-            [r["predicted_bubble"] for r in rows],
-            "--",
-            color=line.get_color(),
-            label=f"S={s} predicted",
+            pools, [r["paper_cycle_bubble"] for r in rows], ":", color=c, label=f"S={s} paper cycle model"
         )
     ax.axhline(0.05, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("pool size (emulated workers)")
@@ -117,6 +114,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heartbeat", type=float, default=0.2, help="coordinator.heartbeat_interval (s)")
     p.add_argument("--json")
     p.add_argument("--plot")
     args = p.parse_args()
@@ -132,6 +130,7 @@ def main() -> None:
         str(s): {
             "measured_threshold": threshold(rows, "measured_bubble"),
             "predicted_threshold": threshold(rows, "predicted_bubble"),
+            "paper_cycle_threshold": threshold(rows, "paper_cycle_bubble"),
             "rows": rows,
         }
         for s, rows in results.items()

@@ -34,3 +34,16 @@ def test_bubble_ratio_hand_computed():
     # mu = 2: cycle = max(20, 5 + 30) = 35, idle 15
     assert cap.bubble_ratio(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=2) == pytest.approx(15 / 35)
     assert cap.bubble_ratio(kappa=2, t_train=10, t_bcast=5, batch=30, mu_pool=0) == 1.0
+
+
+def test_continuous_bubble_ratio_hand_computed():
+    common = dict(kappa=2, t_train=10, t_bcast=5, batch=30)
+    # mu = 2.5: bound 2 + ceil((5 + 12) / 10) - 1 = 3 <= S = 3, so throughput alone: 1 - 2.5*10/30
+    assert cap.bubble_ratio_continuous(staleness=3, mu_pool=2.5, **common) == pytest.approx(1 / 6)
+    # the paper's cycle model charges the broadcast: max(20, 5 + 24) = 29, idle 9
+    assert cap.bubble_ratio(mu_pool=2.5, **common) == pytest.approx(9 / 29)
+    # enough throughput: no bubble in either model
+    assert cap.bubble_ratio_continuous(staleness=3, mu_pool=4, **common) == 0.0
+    # S = 2 < bound 3: records would go stale, so the conservative cycle model applies
+    assert cap.bubble_ratio_continuous(staleness=2, mu_pool=2.5, **common) == pytest.approx(9 / 29)
+    assert cap.bubble_ratio_continuous(staleness=3, mu_pool=0, **common) == 1.0

@@ -50,3 +50,23 @@ def bubble_ratio(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu
     busy = kappa * t_train
     cycle = max(busy, t_bcast + kappa * batch / mu_pool)
     return (cycle - busy) / cycle
+
+
+def bubble_ratio_continuous(
+    *, kappa: int, staleness: int, t_train: float, t_bcast: float, batch: float, mu_pool: float
+) -> float:
+    """Predicted learner idle share when workers never stop generating (how echo2's workers behave).
+
+    `bubble_ratio` charges every cycle with the whole broadcast, as if rollouts for the next cycle
+    waited for the snapshot. echo2's workers keep generating under their installed version while a
+    broadcast is in flight, and those records stay admissible as long as the staleness bound of
+    Appendix B.2 (`staleness_bound`) is within S. Then only throughput limits the learner: a step
+    takes max(T_train, R / mu_pool), and the idle share is max(0, 1 - mu_pool * T_train / R). When
+    the bound exceeds S, records go stale and this falls back to the conservative cycle model.
+    """
+    if mu_pool <= 0:
+        return 1.0
+    bound = staleness_bound(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
+    if bound > staleness:
+        return bubble_ratio(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
+    return max(0.0, 1.0 - mu_pool * t_train / batch)
