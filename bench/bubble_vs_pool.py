@@ -1,7 +1,7 @@
 """Benchmark: learner bubble ratio versus pool size, measured with EMULATED workers and predicted.
 
-For each S and pool size N, runs the real learner (a random Llama big enough that a step takes
-about two seconds) with N local workers whose engines are emulated at RATE trajectories/s each
+For each S and pool size N, runs the real learner (a random Llama, 16 x 16 trajectories per step, so
+that a step takes about two seconds while the snapshot stays small, 25 MB) with N local workers whose engines are emulated at RATE trajectories/s each
 (`echo2 run --workers N --emulate RATE`; kappa = max(1, S - 1)). Measured bubble = learner wait /
 (wait + train) over the steps after the first `--warmup` (worker start-up excluded). Two
 predictions from control/capacity.py, with T_train and T_bcast measured in the same run:
@@ -9,7 +9,7 @@ predictions from control/capacity.py, with T_train and T_bcast measured in the s
 `bubble_ratio_continuous` (workers keep generating under their installed version while the
 staleness bound holds, as echo2's do). The threshold is the smallest N with bubble < 5%.
 
-    python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 --rate 6 \
+    python bench/bubble_vs_pool.py --staleness 2 3 5 --pools 1 2 3 4 5 6 --rate 35 \
         --json docs/bench/bubble.json --plot docs/bench/bubble.png
 """
 
@@ -106,14 +106,14 @@ def plot(results: dict[int, list[dict]], path: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--staleness", type=int, nargs="+", default=[2, 3, 5])
-    p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    p.add_argument("--rate", type=float, default=6.0, help="trajectories/s per emulated worker")
+    p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    p.add_argument("--rate", type=float, default=35.0, help="trajectories/s per emulated worker")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heartbeat", type=float, default=0.2, help="coordinator.heartbeat_interval (s)")
     p.add_argument("--json")
     p.add_argument("--plot")
