@@ -1,0 +1,17 @@
+"""Benchmark harnesses. `echo2.bench.netns`: a shaped virtual network (namespaces on a bridge, tc
+TBF on both directions of every link) for the broadcast benchmark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Host", "NetnsError", "Shape", "ShapedNetwork"]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy, so `python -m echo2.bench.netns` does not import the module twice
+    if name in __all__:
+        from echo2.bench import netns
+
+        return getattr(netns, name)
+    raise AttributeError(f"module 'echo2.bench' has no attribute {name!r}")

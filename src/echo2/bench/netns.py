@@ -1,0 +1,695 @@
+"""A shaped virtual network for the broadcast benchmark: one Linux bridge in the root namespace and,
+for each of N hosts plus one "learner" host, a network namespace joined to it by a veth pair, with
+tc shaping on both directions of every host's link.
+
+Layout (the second octet is 77 unless another live network holds 10.77; see `subnet`; a second
+network in the same process gets prefix e2b-<pid>a-, then e2b-<pid>b-, ...):
+
+    bridge  e2b-<pid>-br   10.77.0.1/16   (root namespace)
+    learner e2b-<pid>-learner   10.77.0.2/16   eth0 <-veth-> e2b-<pid>-l  (on the bridge)
+    host i  e2b-<pid>-h<i>      10.77.(1 + i // 250).(1 + i % 250)/16
+                                eth0 <-veth-> e2b-<pid>-<i>  (on the bridge)
+
+Every namespace has `lo` up and `eth0` up; all hosts share one L2 segment, so any host reaches any
+other (and the learner) directly, and the root namespace reaches all of them via the bridge address.
+
+Shaping. Each host's link is shaped with a token-bucket filter (TBF) on two egress points:
+
+* upload (host -> bridge): on `eth0` inside the namespace;
+* download (bridge -> host): on the bridge-side veth in the root namespace.
+
+Rates are in Mbit/s (10^6 bit/s, as tc's `mbit`); None leaves that direction unshaped (veth speed).
+A transfer from A to B is therefore capped at min(A.up, B.down).
+
+Burst (bucket size): `burst = max(MIN_BURST, rate * BURST_TIME)`, with MIN_BURST = 64 KiB and
+BURST_TIME = 1 ms (so 64 KiB up to ~500 Mbit/s, 125 KiB at 1000 Mbit/s). The floor matters because
+veth hands TBF GSO super-packets of up to 64 KiB: a packet larger than the bucket makes TBF split
+it in software (or drop it if it cannot be split), which costs CPU on every packet; with a
+bucket of at least 64 KiB every packet fits. The 1 ms term keeps the bucket larger than what
+the hrtimer watchdog can drain between wake-ups at high rates. A larger bucket makes the first
+`burst` bytes of a transfer go at line rate: 64 KiB is 1.3% of a 5 MB transfer, 3% of 2 MB. Queue:
+TBF's `limit` is `burst + rate * QUEUE_TIME` bytes (QUEUE_TIME = 50 ms, at least 128 KiB), enough
+for TCP to keep the bucket busy without an unbounded queue (worst added delay ~50 ms + burst).
+
+Measured (one TCP flow, pure-Python sockets, 2-core VM, kernel 6.18, BBR): goodput / cap =
+0.96 at 5 (2 MB), 20, 40, 100, 300, 500 and 1000 Mbit/s (60 MB at 500 and 1000). TBF counts
+link-layer bytes, and a full segment carries 1448 payload bytes in 1514 on the wire (0.956), so
+the wire rate is the cap within ~1%. A bucket of two packets instead reached only 0.89x at
+1000 Mbit/s (the 1 ms term fixes that); below ~300 Mbit/s the bucket size made no difference.
+
+Processes run inside a namespace with `Host.popen` (`ip netns exec NAME ...`); their environment is
+the caller's plus PYTHONPATH (echo2's `src`) and the venv's `bin` on PATH, so `host.python("-m",
+"echo2....")` works. Everything created is deleted by `close()` (also on `with` exit, atexit and
+SIGTERM/SIGHUP), which is idempotent; a failed setup deletes what it made before raising.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFIX = "e2b-"  # every namespace and link this module creates starts with it
+MIN_BURST = 64 * 1024  # bytes: at least one 64 KiB GSO super-packet
+BURST_TIME = 0.001  # seconds of traffic at the shaped rate
+QUEUE_TIME = 0.050  # seconds of traffic TBF may queue behind the bucket
+MIN_LIMIT = 128 * 1024  # bytes
+LOCK_NAME = "echo2-netns-subnet-"  # abstract unix socket claiming a /16 for a live ShapedNetwork
+IFNAMSIZ = 15
+_TCP_SCRIPT = Path(__file__).with_name("_tcp.py")
+_SRC_DIR = Path(__file__).resolve().parents[2]  # .../src, holding the echo2 package
+
+
+class NetnsError(RuntimeError):
+    """A command that builds or shapes the network failed."""
+
+
+Rate = float | int | None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Caps of one host's link in Mbit/s: up = host -> bridge, down = bridge -> host; None = unshaped."""
+
+    up_mbps: float | None = None
+    down_mbps: float | None = None
+
+    @classmethod
+    def of(cls, spec: Shape | Rate | tuple[Rate, Rate]) -> Shape:
+        """A Shape from a Shape, one rate for both directions, or an (up, down) pair."""
+        if isinstance(spec, Shape):
+            return spec
+        if isinstance(spec, tuple):
+            up, down = spec
+            return cls(_rate(up), _rate(down))
+        return cls(_rate(spec), _rate(spec))
+
+
+def _rate(x: Rate) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    if not x > 0:
+        raise ValueError(f"rate must be > 0 Mbit/s or None, got {x}")
+    return x
+
+
+def tbf_args(mbps: float) -> list[str]:
+    """tc arguments (after `root`) for a TBF at `mbps` Mbit/s; see the module docstring for the choice."""
+    rate_bytes = mbps * 1e6 / 8
+    burst = max(MIN_BURST, int(rate_bytes * BURST_TIME))
+    limit = max(MIN_LIMIT, burst + int(rate_bytes * QUEUE_TIME))
+    return ["tbf", "rate", f"{int(round(mbps * 1e6))}bit", "burst", str(burst), "limit", str(limit)]
+
+
+def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def child_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The caller's environment plus what a `python -m echo2...` child needs: PYTHONPATH with echo2's
+    `src` first, and (in a venv) VIRTUAL_ENV and the venv's `bin` first on PATH. `extra` overrides;
+    a None value removes the variable."""
+    env = dict(os.environ)
+    pp = [str(_SRC_DIR)] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_SRC_DIR)
+    ]
+    env["PYTHONPATH"] = os.pathsep.join(pp)
+    if sys.prefix != sys.base_prefix:
+        venv_bin = str(Path(sys.executable).parent)
+        env["VIRTUAL_ENV"] = sys.prefix
+        path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+        env["PATH"] = os.pathsep.join([venv_bin, *path])
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+@dataclass
+class Host:
+    """One namespace on the bridge. `veth` is the bridge-side end (root namespace); inside the
+    namespace the other end is `eth0` with address `ip`."""
+
+    name: str
+    ip: str
+    netns: str
+    veth: str
+    shape: Shape
+    _net: ShapedNetwork = field(repr=False)
+
+    def cmd(self, argv: Sequence[str]) -> list[str]:
+        """`argv` prefixed to run inside this namespace."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+    def python(self, *args: str) -> list[str]:
+        """argv for this interpreter (the venv's python) with `args`, e.g. host.python("-m", "echo2.x")."""
+        return [sys.executable, *args]
+
+    def popen(
+        self, cmd: Sequence[str] | str, *, env: Mapping[str, str | None] | None = None, **kw: Any
+    ) -> subprocess.Popen:
+        """Start `cmd` (argv, or a string for /bin/sh -c) inside the namespace with `child_env(env)`.
+        The process leads a new session (so its whole group can be stopped) unless overridden, and
+        is stopped by the network's `close()` if still running then."""
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(self.cmd(argv), env=child_env(env), **kw)
+        self._net._procs.append(p)
+        return p
+
+    def run(
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        env: Mapping[str, str | None] | None = None,
+        timeout: float | None = 60.0,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess:
+        """Run `cmd` inside the namespace to completion (like subprocess.run; text output captured
+        unless overridden)."""
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(self.cmd(argv), env=child_env(env), timeout=timeout, **kw)
+
+
+# --- process-wide bookkeeping: every live network is closed at exit and on SIGTERM/SIGHUP ---------
+
+_LIVE: dict[int, ShapedNetwork] = {}
+_LIVE_LOCK = threading.RLock()  # taken by the signal handler too
+_INSTANCES = 0
+_HANDLERS_INSTALLED = False
+
+
+def _close_all() -> None:
+    with _LIVE_LOCK:
+        nets = list(_LIVE.values())
+    for net in nets:
+        with contextlib.suppress(Exception):
+            net.close()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _close_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    """atexit always; SIGTERM/SIGHUP only from the main thread and only where nobody else installed
+    a handler (an application's own handler is left alone: it should exit, running atexit)."""
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(_close_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _on_signal)
+
+
+def _new_prefix() -> str:
+    """e2b-<pid>- for the first network of a process, e2b-<pid>a-, e2b-<pid>b-, ... after."""
+    global _INSTANCES
+    with _LIVE_LOCK:
+        k = _INSTANCES
+        _INSTANCES += 1
+    tag = "" if k == 0 else _letters(k - 1)
+    return f"{PREFIX}{os.getpid()}{tag}-"
+
+
+def _letters(k: int) -> str:
+    s = ""
+    while True:
+        s = chr(ord("a") + k % 26) + s
+        k = k // 26 - 1
+        if k < 0:
+            return s
+
+
+_AVAILABLE: tuple[bool, str] | None = None
+
+
+class ShapedNetwork:
+    """N shaped hosts plus a learner host on one bridge; see the module docstring.
+
+    `mbps` caps every host: a rate for both directions, an (up, down) pair, a Shape, or a sequence
+    of those with one entry per host (a list); `learner_mbps` likewise for the learner. `subnet` is the
+    first two octets ("10.77"); by default the first of 10.77 ... 10.126 that no live network (of
+    any process) holds and that no root-namespace address or route uses.
+    """
+
+    def __init__(
+        self,
+        n_hosts: int,
+        mbps: Shape | Rate | tuple[Rate, Rate] | Sequence[Shape | Rate | tuple[Rate, Rate]] = None,
+        learner_mbps: Shape | Rate | tuple[Rate, Rate] = None,
+        *,
+        subnet: str | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        if n_hosts < 0:
+            raise ValueError("n_hosts must be >= 0")
+        if isinstance(mbps, list):
+            if len(mbps) != n_hosts:
+                raise ValueError(f"{len(mbps)} host shapes for {n_hosts} hosts")
+            self._shapes = [Shape.of(s) for s in mbps]
+        else:
+            self._shapes = [Shape.of(mbps)] * n_hosts  # type: ignore[arg-type]
+        self._learner_shape = Shape.of(learner_mbps)
+        self.n_hosts = n_hosts
+        self.prefix = prefix or _new_prefix()
+        if not self.prefix.startswith(PREFIX):
+            raise ValueError(f"prefix must start with {PREFIX!r}")
+        longest = max(len(f"{self.prefix}br"), len(f"{self.prefix}{max(n_hosts - 1, 0)}"))
+        if longest > IFNAMSIZ:
+            raise ValueError(
+                f"interface names would exceed {IFNAMSIZ} chars; use fewer hosts or a shorter prefix"
+            )
+        self._want_subnet = subnet
+        self.subnet: str | None = None
+        self.bridge = f"{self.prefix}br"
+        self.hosts: list[Host] = []
+        self.learner: Host | None = None
+        self._procs: list[subprocess.Popen] = []
+        # what exists now, in creation order; close() pops as it deletes
+        self._made_links: list[str] = []
+        self._made_netns: list[str] = []
+        self._lock_sock: socket.socket | None = None
+        self._started = False
+        self._close_lock = threading.RLock()  # RLock: a signal handler may close() during close()
+
+    # --- addresses ------------------------------------------------------------------------------
+
+    @property
+    def bridge_ip(self) -> str:
+        return f"{self.subnet}.0.1"
+
+    @property
+    def learner_ip(self) -> str:
+        return f"{self.subnet}.0.2"
+
+    def host_ip(self, i: int) -> str:
+        return f"{self.subnet}.{1 + i // 250}.{1 + i % 250}"
+
+    def host(self, i: int) -> Host:
+        return self.hosts[i]
+
+    def all_hosts(self) -> list[Host]:
+        """The learner first, then host 0 .. N-1."""
+        return ([self.learner] if self.learner else []) + self.hosts
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ShapedNetwork:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def start(self) -> ShapedNetwork:
+        """Create everything; on any failure delete what was made and re-raise."""
+        if self._started:
+            raise RuntimeError("ShapedNetwork already started")
+        self._started = True
+        _install_handlers()
+        with _LIVE_LOCK:
+            _LIVE[id(self)] = self
+        try:
+            self._claim_subnet()
+            self._add_link(self.bridge, ["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "link", "set", self.bridge, "type", "bridge", "forward_delay", "0", "stp_state", "0"])
+            _run(["ip", "addr", "add", f"{self.bridge_ip}/16", "dev", self.bridge])
+            _run(["ip", "link", "set", self.bridge, "up"])
+            self.learner = self._add_host(
+                "learner", f"{self.prefix}learner", f"{self.prefix}l", self.learner_ip, self._learner_shape
+            )
+            for i, shape in enumerate(self._shapes):
+                self.hosts.append(
+                    self._add_host(f"h{i}", f"{self.prefix}h{i}", f"{self.prefix}{i}", self.host_ip(i), shape)
+                )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _claim_subnet(self) -> None:
+        used = _run(["ip", "-4", "-o", "addr", "show"]).stdout + _run(["ip", "-4", "route", "show"]).stdout
+        candidates = [self._want_subnet] if self._want_subnet else [f"10.{b}" for b in range(77, 127)]
+        for sub in candidates:
+            if not re.fullmatch(r"\d{1,3}\.\d{1,3}", sub):
+                raise ValueError(f"subnet must be two octets like '10.77', got {sub!r}")
+            # the claim is an abstract unix socket: held while bound, freed when closed or when the
+            # process dies, and leaves no file behind
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(f"\0{LOCK_NAME}{sub}")
+            except OSError:
+                sock.close()
+                continue
+            if re.search(rf"(?<![\d.]){re.escape(sub)}\.", used):
+                sock.close()  # in use by something that does not take our claim
+                continue
+            self._lock_sock, self.subnet = sock, sub
+            return
+        raise NetnsError(f"no free subnet among {candidates}")
+
+    def _add_link(self, name: str, argv: list[str]) -> None:
+        self._made_links.append(name)  # before creating: close() tolerates names that do not exist
+        _run(argv)
+
+    def _add_host(self, name: str, netns: str, veth: str, ip: str, shape: Shape) -> Host:
+        self._made_netns.append(netns)
+        _run(["ip", "netns", "add", netns])
+        self._add_link(
+            veth, ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns]
+        )
+        _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
+        _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", netns, "addr", "add", f"{ip}/16", "dev", "eth0"])
+        _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+        host = Host(name=name, ip=ip, netns=netns, veth=veth, shape=Shape(), _net=self)
+        self._apply(host, shape)
+        return host
+
+    def _apply(self, host: Host, shape: Shape) -> None:
+        for ns_args, dev, rate, old in (
+            (["-n", host.netns], "eth0", shape.up_mbps, host.shape.up_mbps),
+            ([], host.veth, shape.down_mbps, host.shape.down_mbps),
+        ):
+            if rate is not None:
+                _run(["tc", *ns_args, "qdisc", "replace", "dev", dev, "root", *tbf_args(rate)])
+            elif old is not None:
+                _run(["tc", *ns_args, "qdisc", "del", "dev", dev, "root"])
+        host.shape = shape
+
+    def reshape(self, host: Host, spec: Shape | Rate | tuple[Rate, Rate]) -> None:
+        """Change one host's caps on the live network (None removes the shaping)."""
+        self._apply(host, Shape.of(spec))
+
+    def close(self) -> None:
+        """Stop processes started with Host.popen, delete every link and namespace made, release the
+        subnet. Idempotent; keeps going past errors and warns about what it could not delete."""
+        with self._close_lock:
+            errors: list[str] = []
+            self._stop_procs(errors)
+            for ns in self._made_netns:  # anything else still inside (children of our children)
+                self._kill_netns_pids(ns)
+            while self._made_links:
+                name = self._made_links.pop()
+                p = _run(["ip", "link", "del", name], check=False)
+                if p.returncode != 0 and "Cannot find device" not in p.stderr:
+                    errors.append(f"ip link del {name}: {p.stderr.strip()}")
+            while self._made_netns:
+                ns = self._made_netns.pop()
+                p = _run(["ip", "netns", "del", ns], check=False)
+                if p.returncode != 0 and "No such file" not in p.stderr:
+                    errors.append(f"ip netns del {ns}: {p.stderr.strip()}")
+            if self._lock_sock is not None:
+                self._lock_sock.close()
+                self._lock_sock = None
+            with _LIVE_LOCK:
+                _LIVE.pop(id(self), None)
+            if errors:
+                warnings.warn("ShapedNetwork teardown: " + "; ".join(errors), RuntimeWarning, stacklevel=2)
+
+    def _stop_procs(self, errors: list[str]) -> None:
+        live = [p for p in self._procs if p.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM) if _leads_group(p) else p.terminate()
+        deadline = time.monotonic() + 3.0
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL) if _leads_group(p) else p.kill()
+                try:
+                    p.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    errors.append(f"process {p.pid} did not exit")
+        self._procs.clear()
+
+    @staticmethod
+    def _kill_netns_pids(ns: str) -> None:
+        p = _run(["ip", "netns", "pids", ns], check=False)
+        for tok in p.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(tok), signal.SIGKILL)
+
+    # --- capability check -----------------------------------------------------------------------
+
+    @staticmethod
+    def available() -> tuple[bool, str]:
+        """(True, "ok") if this process can build a shaped network (root, ip and tc present, and a
+        namespace + veth + bridge + tbf can actually be made); otherwise (False, why). The probe
+        deletes what it makes; the answer is cached for the process."""
+        global _AVAILABLE
+        if _AVAILABLE is None:
+            _AVAILABLE = _probe()
+        return _AVAILABLE
+
+
+def _leads_group(p: subprocess.Popen) -> bool:
+    try:
+        return os.getpgid(p.pid) == p.pid
+    except ProcessLookupError:
+        return False
+
+
+def _probe() -> tuple[bool, str]:
+    if not sys.platform.startswith("linux"):
+        return False, f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return False, "network namespaces need root (euid is not 0)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` (iproute2) not found on PATH"
+    try:
+        with ShapedNetwork(0, learner_mbps=10, prefix=f"{PREFIX}{os.getpid()}p-"):
+            pass
+    except (NetnsError, OSError, subprocess.SubprocessError) as e:
+        return False, f"cannot create namespace/veth/bridge/tbf: {e}"
+    return True, "ok"
+
+
+# --- helpers for tests and the self-check ----------------------------------------------------------
+
+
+def leftovers(prefix: str = PREFIX) -> list[str]:
+    """Namespaces and root-namespace links whose names start with `prefix`."""
+    out = [n.split()[0] for n in _run(["ip", "netns", "list"]).stdout.splitlines() if n.startswith(prefix)]
+    for line in _run(["ip", "-o", "link", "show"]).stdout.splitlines():
+        m = re.match(r"\d+:\s+([^:@\s]+)", line)
+        if m and m.group(1).startswith(prefix):
+            out.append(m.group(1))
+    return out
+
+
+def purge_stale() -> list[str]:
+    """Delete namespaces and links named e2b-<pid>... whose process no longer exists (left by a
+    SIGKILLed run); returns the names deleted. Live processes' networks are never touched."""
+    gone: list[str] = []
+    for name in leftovers(PREFIX):
+        m = re.match(rf"{PREFIX}(\d+)", name)
+        if not m or _pid_alive(int(m.group(1))):
+            continue
+        is_ns = name in _run(["ip", "netns", "list"]).stdout.split()
+        argv = ["ip", "netns", "del", name] if is_ns else ["ip", "link", "del", name]
+        if _run(argv, check=False).returncode == 0:
+            gone.append(name)
+    return gone
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def measure_tcp(sender: Host, receiver: Host, nbytes: int, *, timeout: float = 60.0) -> dict[str, float]:
+    """Send `nbytes` over one TCP connection from `sender` to `receiver` (pure-Python sockets, one
+    process in each namespace). Returns the receiver's view: bytes, seconds (first to last byte),
+    mbps over that span (TCP goodput), steady_mbps over the last 80% of the bytes (the bucket starts
+    full)."""
+    return measure_tcp_many([(sender, receiver)], nbytes, timeout=timeout)[0]
+
+
+def measure_tcp_many(
+    pairs: Sequence[tuple[Host, Host]], nbytes: int, *, timeout: float = 60.0
+) -> list[dict[str, float]]:
+    """Like measure_tcp, with all (sender, receiver) transfers running at the same time; one result
+    per pair, plus "start"/"end" (perf_counter of the receiver's first and last byte, comparable
+    across pairs: one host clock)."""
+    procs: list[subprocess.Popen] = []
+    try:
+        rxs = []
+        for _, receiver in pairs:
+            rx = receiver.popen(
+                [sys.executable, str(_TCP_SCRIPT), "recv", receiver.ip, "0"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(rx)
+            rxs.append(rx)
+        ports = []
+        for rx in rxs:
+            line = rx.stdout.readline()  # type: ignore[union-attr]
+            if not line.startswith("READY "):
+                raise NetnsError(f"receiver did not start: {line!r}")
+            ports.append(int(line.split()[1]))
+        txs = []
+        for (sender, receiver), port in zip(pairs, ports, strict=True):
+            tx = sender.popen(
+                [sys.executable, str(_TCP_SCRIPT), "send", receiver.ip, str(port), str(nbytes)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(tx)
+            txs.append(tx)
+        deadline = time.monotonic() + timeout
+        results = []
+        for rx, tx in zip(rxs, txs, strict=True):
+            out, _ = rx.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            tx.communicate(timeout=max(0.1, deadline - time.monotonic()) + 10.0)
+            if rx.returncode != 0 or tx.returncode != 0:
+                raise NetnsError(
+                    f"transfer failed: receiver exit {rx.returncode}, sender exit {tx.returncode}"
+                )
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def loopback_ok(host: Host) -> bool:
+    code = (
+        "import socket;s=socket.socket();s.bind(('127.0.0.1',0));s.listen(1);"
+        "c=socket.create_connection(s.getsockname());a,_=s.accept();c.sendall(b'ping');"
+        "print(a.recv(4).decode())"
+    )
+    p = host.run([sys.executable, "-c", code], timeout=10)
+    return p.returncode == 0 and p.stdout.strip() == "ping"
+
+
+def reachable(src: Host, dst: Host) -> bool:
+    try:
+        r = measure_tcp(src, dst, 64 * 1024, timeout=10.0)
+    except (NetnsError, subprocess.SubprocessError, ValueError):
+        return False
+    return r.get("bytes") == 64 * 1024
+
+
+def _cap(sender: Host, receiver: Host) -> float | None:
+    caps = [c for c in (sender.shape.up_mbps, receiver.shape.down_mbps) if c is not None]
+    return min(caps) if caps else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m echo2.bench.netns",
+        description="Self-check: build a shaped network, check reachability and loopback, measure "
+        "TCP rates against the caps, tear down.",
+    )
+    ap.add_argument("--hosts", type=int, default=3)
+    ap.add_argument(
+        "--mbps", default="40", help="host cap in Mbit/s; a comma list (e.g. 5,20,40,100) sweeps rates"
+    )
+    ap.add_argument("--learner-mbps", type=float, default=None, help="learner cap (default: same as --mbps)")
+    ap.add_argument("--mb", type=float, default=5.0, help="MB per transfer (default 5)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = ap.parse_args(argv)
+    ok, why = ShapedNetwork.available()
+    if not ok:
+        print(f"shaped network not available: {why}", file=sys.stderr)
+        return 2
+    rates = [float(x) for x in args.mbps.split(",")]
+    if args.hosts < 2:
+        ap.error("--hosts must be >= 2")
+    nbytes = int(args.mb * 1e6)
+    report: dict[str, Any] = {"runs": []}
+    say = (lambda *a: None) if args.json else print
+    t0 = time.monotonic()
+    with ShapedNetwork(args.hosts, rates[0], args.learner_mbps or rates[0]) as net:
+        say(f"bridge {net.bridge} {net.bridge_ip}/16 (setup {time.monotonic() - t0:.2f}s)")
+        for h in net.all_hosts():
+            say(f"  {h.name:8s} {h.ip:12s} netns {h.netns:18s} veth {h.veth}")
+        lo = {h.name: loopback_ok(h) for h in net.all_hosts()}
+        reach = {h.name: reachable(h, net.learner) for h in net.hosts}
+        reach["learner->h0"] = reachable(net.learner, net.hosts[0])
+        report.update(subnet=net.subnet, learner_ip=net.learner_ip, loopback=lo, reach_learner=reach)
+        say(f"loopback inside each namespace: {lo}")
+        say(f"hosts -> learner over the bridge: {reach}")
+        for r in rates:
+            for h in net.hosts:
+                net.reshape(h, r)
+            net.reshape(net.learner, args.learner_mbps or r)
+            for src, dst in ((net.hosts[0], net.hosts[1]), (net.learner, net.hosts[-1])):
+                cap = _cap(src, dst)
+                m = measure_tcp(src, dst, nbytes)
+                row = {"from": src.name, "to": dst.name, "cap_mbps": cap, **m}
+                if cap:
+                    row["ratio"] = m["mbps"] / cap
+                report["runs"].append(row)
+                say(
+                    f"{src.name:>7s} -> {dst.name:3s} cap {cap or 0:7.1f} Mbit/s: {m['mbps']:7.1f} Mbit/s "
+                    f"({m['mbps'] / cap if cap else 0:5.3f}x; steady {m.get('steady_mbps', 0):7.1f}) "
+                    f"{m['bytes'] / 1e6:.1f} MB in {m['seconds']:.2f}s"
+                )
+            # the learner's upload shared by all hosts at once (star broadcast)
+            ms = measure_tcp_many([(net.learner, h) for h in net.hosts], nbytes)
+            span = max(m["end"] for m in ms) - min(m["start"] for m in ms)
+            agg = sum(m["bytes"] for m in ms) * 8 / span / 1e6
+            downs = [h.shape.down_mbps for h in net.hosts]
+            caps = [c for c in (net.learner.shape.up_mbps, None if None in downs else sum(downs)) if c]
+            cap = min(caps) if caps else None
+            row = {"from": "learner", "to": "all", "cap_mbps": cap, "mbps": agg, "seconds": span}
+            row["per_host_mbps"] = [m["mbps"] for m in ms]
+            if cap:
+                row["ratio"] = agg / cap
+            report["runs"].append(row)
+            say(
+                f"learner -> all cap {cap or 0:7.1f} Mbit/s: {agg:7.1f} Mbit/s "
+                f"({agg / cap if cap else 0:5.3f}x) aggregate; per host "
+                + " ".join(f"{m['mbps']:.1f}" for m in ms)
+            )
+    report["leftovers"] = leftovers(net.prefix)
+    say(f"teardown done; leftovers with {net.prefix}: {report['leftovers'] or 'none'}")
+    if args.json:
+        print(json.dumps(report))
+    bad = not all(lo.values()) or not all(reach.values()) or report["leftovers"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The shaped network of the broadcast benchmark: real namespaces, veths, a bridge and tc TBF (needs
+root; skipped with the reason otherwise). A 2 MB TCP transfer between two hosts capped at 40 Mbit/s
+lands near the cap, and teardown leaves no namespace or link behind, also after a failed setup."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo2.bench import netns
+from echo2.bench.netns import NetnsError, ShapedNetwork, leftovers, loopback_ok, measure_tcp, reachable
+
+OK, WHY = ShapedNetwork.available()
+pytestmark = pytest.mark.skipif(not OK, reason=f"shaped network unavailable: {WHY}")
+
+CAP = 40.0
+
+
+def test_shaped_transfer_rate_and_teardown():
+    with ShapedNetwork(2, CAP) as net:
+        prefix = net.prefix
+        assert len(leftovers(prefix)) == 1 + 2 * 3  # bridge; learner + 2 hosts: netns and veth each
+        assert net.learner.ip == f"{net.subnet}.0.2"
+        h0, h1 = net.host(0), net.host(1)
+        assert h0.ip != h1.ip and h0.netns != h1.netns
+        # loopback inside a namespace, and a host reaching the learner over the bridge
+        assert loopback_ok(h0) and loopback_ok(net.learner)
+        assert reachable(h1, net.learner) and reachable(net.learner, h0)
+        r = measure_tcp(h0, h1, 2_000_000, timeout=30)
+        assert r["bytes"] == 2_000_000
+        assert 0.6 * CAP <= r["mbps"] <= 1.15 * CAP, r
+    assert leftovers(prefix) == []
+    net.close()  # idempotent
+    assert leftovers(prefix) == []
+
+
+def test_failed_setup_cleans_up(monkeypatch):
+    real, calls = netns.tbf_args, []
+
+    def failing(mbps):
+        calls.append(mbps)
+        if len(calls) == 4:  # the learner's two qdiscs, host 0 upload, then fail on host 0 download
+            raise NetnsError("injected")
+        return real(mbps)
+
+    monkeypatch.setattr(netns, "tbf_args", failing)
+    net = ShapedNetwork(2, CAP)
+    with pytest.raises(NetnsError, match="injected"):
+        net.start()
+    assert leftovers(net.prefix) == []
+    net.close()
