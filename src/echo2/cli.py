@@ -67,7 +67,28 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--inbound",
         action="store_true",
-        help="this host accepts inbound connections (may relay snapshots to peers)",
+        help="this host accepts inbound connections: serve snapshot chunks to a peer (relay role) "
+        "on --relay-host:--relay-port",
+    )
+    w.add_argument("--relay-host", default="0.0.0.0", help="address the relay binds (default 0.0.0.0)")
+    w.add_argument("--relay-port", type=int, default=0, help="relay port (default 0: any free port)")
+    w.add_argument(
+        "--relay-advertise",
+        default=None,
+        metavar="HOST",
+        help="host peers reach the relay at (default: the address the coordinator sees)",
+    )
+    w.add_argument(
+        "--upload-mbps",
+        type=float,
+        default=None,
+        help="cap on relay upload, Mbit/s (default: the run's broadcast.worker_upload_mbps)",
+    )
+    w.add_argument(
+        "--download-mbps",
+        type=float,
+        default=None,
+        help="cap on snapshot download, Mbit/s (default: the run's broadcast.worker_download_mbps)",
     )
     w.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     w.add_argument(
@@ -114,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
         help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
     )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
+    from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
+
+    add_simulate(sub)
     return p
 
 
@@ -263,6 +287,11 @@ def _local_provider(config, args: argparse.Namespace):
 def _worker(args: argparse.Namespace) -> int:
     if not args.token:
         raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
+    for flag in ("upload_mbps", "download_mbps"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
+    if not 0 <= args.relay_port <= 65535:
+        raise ConfigError("--relay-port: must be in 0..65535")
     _setup_logging(args.quiet)
     import asyncio
 
@@ -281,6 +310,11 @@ def _worker(args: argparse.Namespace) -> int:
         inbound=args.inbound,
         give_up_after=args.give_up_after,
         emulate=args.emulate,
+        relay_host=args.relay_host,
+        relay_port=args.relay_port,
+        relay_advertise=args.relay_advertise,
+        upload_mbps=args.upload_mbps,
+        download_mbps=args.download_mbps,
     )
 
     async def main() -> None:
@@ -306,6 +340,10 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
+        if args.command == "simulate":
+            from echo2.sim.cli import run as simulate
+
+            return simulate(args, extra)
         if args.command in ("worker", "plan"):
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")

@@ -214,6 +214,44 @@ class SchedulerConfig(_Section):
         return self
 
 
+# ---------------------------------------------------------------------------- broadcast
+class BroadcastConfig(_Section):
+    """How snapshots reach the workers (paper 4.2, Appendix C.3; docs/architecture.md). Rates in
+    Mbit/s (10^6 bits per second)."""
+
+    mode: Literal["chain", "star"] = "chain"
+    """"chain": peer-forwarding chains, N_ch = floor(B0 / Bw_hat) of them, fan-out 1. "star": the
+    learner sends every worker the whole snapshot itself (the paper's w/o-P2P ablation)."""
+    chunk_mb: float = Field(4.0, gt=0, le=1024)
+    """Chunk size in MiB: the unit of hashing, verification and store-and-forward relaying."""
+    uplink_mbps: float | None = Field(None, gt=0)
+    """Cap on the learner's upload rate, shared by every stream it serves (token bucket); None:
+    uncapped. Also B0, the uplink budget that sets the number of chains, unless
+    uplink_budget_mbps is given."""
+    uplink_budget_mbps: float | None = Field(None, gt=0)
+    """B0 for chain planning when it differs from the cap (e.g. the uplink is uncapped but shared);
+    default uplink_mbps. With neither set the uplink counts as unlimited: every worker is a seed."""
+    worker_mbps: float = Field(100.0, gt=0)
+    """Bw_hat, the typical worker bandwidth, until measured transfers replace it (median of the
+    last 20 reported transfer rates)."""
+    worker_upload_mbps: float | None = Field(None, gt=0)
+    """Cap on each worker's relay upload (token bucket); None: uncapped. `echo2 worker
+    --upload-mbps` overrides it."""
+    worker_download_mbps: float | None = Field(None, gt=0)
+    """Cap on each worker's snapshot download; None: uncapped. `echo2 worker --download-mbps`
+    overrides it."""
+    progress_timeout_s: float = Field(10.0, gt=0)
+    """A parent that sends nothing for this long (or only keep-alives for 3x this long) is
+    reported failed; the receiver is given a new parent and resumes from its first missing chunk."""
+    key_file: str | None = None
+    """PEM file of the learner's Ed25519 signing key, created on first start; default
+    RUN_DIR/learner_key.pem, so a resumed run keeps its key."""
+
+    @property
+    def chunk_bytes(self) -> int:
+        return max(1, int(self.chunk_mb * 2**20))
+
+
 # ---------------------------------------------------------------------------- run
 class RunConfig(_Section):
     dir: str = "runs/{name}-seed{seed}"
@@ -239,6 +277,7 @@ class Config(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     def run_dir(self) -> Path:

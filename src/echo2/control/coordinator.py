@@ -2,7 +2,9 @@
 
 Owns the transport only: authentication, body-size cap, per-handler timeout, request validation and
 the mapping of `Rejected` to 4xx answers with a reason. Every decision is made by `CoordinatorState`.
-The endpoints are documented in docs/protocol.md.
+The endpoints are documented in docs/protocol.md. As the learner's end of snapshot broadcast it also
+serves signed manifests and chunk streams (the learner is the parent of every chain's seed), paced
+by one uplink token bucket shared by all of them.
 """
 
 from __future__ import annotations
@@ -18,16 +20,22 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from echo2.broadcast.bucket import TokenBucket
+from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
 from echo2.control.protocol import (
     API,
+    FailureRequest,
     HeartbeatRequest,
+    InstalledRequest,
     LeaseRequest,
     LeaseResponse,
-    Manifest,
     PushRequest,
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
+    Route,
+    RouteRequest,
+    SnapshotInfo,
 )
 from echo2.control.state import CoordinatorState, Rejected
 from echo2.records import InvalidTrajectory, Trajectory
@@ -36,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 2**20
 HANDLER_TIMEOUT = 30.0
+STREAMS = {"chunks", "snapshot_data"}
+"""Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
+WRITE_TIMEOUT = 60.0
+LONG_POLL_MAX = 25.0
 
 
 def _error(status: int, reason: str, detail: str) -> web.Response:
@@ -52,8 +64,14 @@ class Coordinator:
         heartbeat_interval: float,
         status_extra: Callable[[], dict[str, Any]] = dict,
         max_body: int = MAX_BODY,
+        uplink_bps: float | None = None,
     ) -> None:
         self.max_body = max_body
+        self.uplink_bps = uplink_bps
+        """Cap on the snapshot bytes/s the learner sends, all streams together (None: uncapped)."""
+        self.uplink: TokenBucket | None = None  # made in the server's own event loop
+        self._published: asyncio.Event | None = None
+        self._stopping = False
         self.state = state
         self.token = token
         self.run_info = run_info
@@ -76,7 +94,13 @@ class Coordinator:
                 web.post(f"{API}/lease/return", self.return_lease),
                 web.post(f"{API}/trajectories", self.push),
                 web.get(f"{API}/snapshot", self.manifest),
-                web.get(f"{API}/snapshot/{{version}}", self.snapshot),
+                web.get(f"{API}/snapshot/{{version}}", self.snapshot, name="snapshot_data"),
+                web.get(f"{API}/published", self.published),
+                web.get(f"{API}/manifest/{{version}}", self.chunk_manifest),
+                web.get(f"{API}/chunks/{{version}}", self.chunks, name="chunks"),
+                web.post(f"{API}/broadcast/route", self.route),
+                web.post(f"{API}/broadcast/failure", self.failure),
+                web.post(f"{API}/broadcast/installed", self.installed),
                 web.get("/status", self.status),
             ]
         )
@@ -88,6 +112,8 @@ class Coordinator:
         if not hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
             return _error(401, "unauthorized", "missing or wrong bearer token")
         try:
+            if request.match_info.route.name in STREAMS:
+                return await handler(request)
             async with asyncio.timeout(HANDLER_TIMEOUT):
                 return await handler(request)
         except Rejected as e:
@@ -113,12 +139,19 @@ class Coordinator:
     # ------------------------------------------------------------------ handlers
     async def register(self, request: web.Request) -> web.Response:
         req = await self._body(request, RegisterRequest)
+        relay_url = None
+        if req.relay_port is not None:
+            host = req.relay_host or request.remote or ""
+            if ":" in host and not host.startswith("["):  # IPv6 literal
+                host = f"[{host}]"
+            relay_url = f"http://{host}:{req.relay_port}"
         info = self.state.register(
             name=req.name,
             hardware=req.hardware,
             price_per_hour=req.price_per_hour,
             inbound=req.inbound,
             throughput=req.throughput,
+            relay_url=relay_url,
         )
         return web.json_response(
             RegisterResponse(
@@ -126,6 +159,7 @@ class Coordinator:
                 run=self.run_info,
                 heartbeat_interval=self.heartbeat_interval,
                 published_version=self.state.published_version,
+                public_key=self.state.public_key,
             ).model_dump()
         )
 
@@ -172,20 +206,112 @@ class Coordinator:
             blob = self.state.snapshots.get(v)
         if blob is None:
             return _error(404, "no_snapshot", "nothing published yet")
-        return web.json_response(Manifest(version=v, size=len(blob.data), sha256=blob.sha256).model_dump())
+        return web.json_response(
+            SnapshotInfo(version=v, size=len(blob.data), sha256=blob.sha256).model_dump()
+        )
 
-    async def snapshot(self, request: web.Request) -> web.StreamResponse:
+    def _blob(self, request: web.Request):
         try:
             version = int(request.match_info["version"])
         except ValueError:
-            return _error(400, "malformed", "version must be an integer")
+            raise Rejected(400, "malformed", "version must be an integer") from None
         with self.state.lock:
             blob = self.state.snapshots.get(version)
         if blob is None:
-            return _error(404, "no_snapshot", f"version {version} is not kept")
-        return web.Response(
-            body=blob.data, content_type="application/octet-stream", headers={"X-Sha256": blob.sha256}
+            raise Rejected(404, "no_snapshot", f"version {version} is not kept")
+        return blob
+
+    async def snapshot(self, request: web.Request) -> web.StreamResponse:
+        """The whole snapshot in one body (tools, debugging; workers use the chunk streams)."""
+        blob = self._blob(request)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "application/octet-stream", "X-Sha256": blob.sha256}
         )
+        resp.content_length = len(blob.data)
+        await resp.prepare(request)
+        view = memoryview(blob.data)
+        for at in range(0, len(view), PIECE):
+            piece = view[at : at + PIECE]
+            if self.uplink is not None:
+                await self.uplink.consume(len(piece))
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await resp.write(piece)
+        self.state.record_bytes_served(len(view))
+        await resp.write_eof()
+        return resp
+
+    # ------------------------------------------------------------------ snapshot broadcast
+    async def published(self, request: web.Request) -> web.Response:
+        """Long poll: answers as soon as a version newer than `after` is published, or after `wait`."""
+        try:
+            after = int(request.query.get("after", "-1"))
+            wait = min(max(float(request.query.get("wait", "20")), 0.0), LONG_POLL_MAX)
+        except ValueError:
+            raise Rejected(400, "malformed", "after must be an integer and wait a number") from None
+        try:
+            async with asyncio.timeout(wait):
+                while self.state.published_version <= after and not (self.state.closed or self._stopping):
+                    await self._published.wait()
+        except TimeoutError:
+            pass
+        return web.json_response({"version": self.state.published_version})
+
+    def notify_published(self) -> None:
+        """Wake the long polls (called from the learner's thread after each publication)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop is shutting down
+                pass
+
+    def _wake(self) -> None:
+        if self._published is not None:
+            self._published.set()
+            self._published = asyncio.Event()
+
+    async def chunk_manifest(self, request: web.Request) -> web.Response:
+        return web.json_response(self._blob(request).manifest.model_dump())
+
+    async def chunks(self, request: web.Request) -> web.StreamResponse:
+        """The learner as a parent: chunks `from`..`to` of a kept version, through the uplink cap."""
+        blob = self._blob(request)
+        try:
+            start, end = parse_range(request.query, blob.manifest.num_chunks)
+        except BadRange as e:
+            raise Rejected(400, "malformed", str(e)) from None
+
+        async def get_chunk(index: int, wait: float) -> memoryview:
+            self.state.record_bytes_served(len(blob.chunks[index]))
+            return blob.chunks[index]
+
+        return await serve_stream(
+            request,
+            start=start,
+            end=lambda: end,
+            get_chunk=get_chunk,
+            bucket=self.uplink,
+            keepalive_s=1.0,
+            write_timeout_s=WRITE_TIMEOUT,
+        )
+
+    async def route(self, request: web.Request) -> web.Response:
+        req = await self._body(request, RouteRequest)
+        parent_id, url = self.state.route(req.worker_id, req.version)
+        return web.json_response(Route(version=req.version, parent_id=parent_id, url=url).model_dump())
+
+    async def failure(self, request: web.Request) -> web.Response:
+        req = await self._body(request, FailureRequest)
+        parent_id, url = self.state.report_failure(
+            req.worker_id, req.version, req.parent_id, req.reason, req.detail
+        )
+        return web.json_response(Route(version=req.version, parent_id=parent_id, url=url).model_dump())
+
+    async def installed(self, request: web.Request) -> web.Response:
+        req = await self._body(request, InstalledRequest)
+        transfers = [(t.parent_id, t.bytes, t.seconds) for t in req.transfers]
+        self.state.report_installed(req.worker_id, req.version, req.sha256, transfers)
+        return web.json_response({"ok": True})
 
     async def status(self, request: web.Request) -> web.Response:
         st = self.state
@@ -215,6 +341,7 @@ class Coordinator:
                 "reissued": st.reissued,
                 "scheduler_target": st.target() if st.scheduler else None,
                 "scheduler_decisions": list(st.decisions)[-20:],  # all of them with a learner (timings)
+                "broadcast": st.bcast.status({w.worker_id: w.name for w in st.workers.values()}, st.clock()),
             }
         body.update(self.status_extra())
         return web.json_response(body)
@@ -246,7 +373,11 @@ class Coordinator:
         return self.url
 
     async def _start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self.uplink = TokenBucket(self.uplink_bps) if self.uplink_bps else None
+        self._published = asyncio.Event()
+        self._stopping = False
+        self.state.listeners.append(self.notify_published)
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -261,6 +392,10 @@ class Coordinator:
             self.state.expire()
 
     async def _stop(self) -> None:
+        self._stopping = True
+        self._wake()  # long polls answer now
+        if self.notify_published in self.state.listeners:
+            self.state.listeners.remove(self.notify_published)
         if self._expiry:
             self._expiry.cancel()
         if self._runner:

@@ -6,7 +6,7 @@ builds them, and the tests use both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,7 +22,11 @@ class RegisterRequest(_Wire):
     hardware: str = Field("cpu", max_length=256)
     price_per_hour: float = Field(0.0, ge=0, allow_inf_nan=False)
     inbound: bool = False
-    """Whether the worker accepts inbound connections (relay role in the broadcast issue)."""
+    """Whether the worker accepts inbound connections (it may then relay snapshots to a child)."""
+    relay_port: int | None = Field(None, ge=1, le=65535)
+    """Port of the worker's relay server; without it the worker is never anyone's parent."""
+    relay_host: str | None = Field(None, min_length=1, max_length=255)
+    """Host peers reach the relay at; default: the address the registration came from."""
     throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
 
@@ -33,6 +37,8 @@ class RegisterResponse(_Wire):
     """The sections a worker needs: model, task, rollout and run.seed."""
     heartbeat_interval: float
     published_version: int
+    public_key: str
+    """The learner's Ed25519 public key (hex): every snapshot manifest must carry its signature."""
 
 
 class HeartbeatRequest(_Wire):
@@ -80,7 +86,53 @@ class PushRequest(_Wire):
     records: list[WireRecord] = Field(min_length=1, max_length=4096)
 
 
-class Manifest(_Wire):
+class SnapshotInfo(_Wire):
+    """`GET /v1/snapshot`: the newest published snapshot as a whole."""
+
     version: int
     size: int
     sha256: str
+
+
+# ---------------------------------------------------------------------------- snapshot broadcast
+class RouteRequest(_Wire):
+    worker_id: str
+    version: int = Field(ge=0)
+
+
+FailureReason = Literal["unreachable", "stalled", "bad_chunk", "refused", "incomplete"]
+
+
+class FailureRequest(_Wire):
+    """A receiver's parent failed while sending `version`."""
+
+    worker_id: str
+    version: int = Field(ge=0)
+    parent_id: str | None
+    """The parent that failed (null: the learner itself)."""
+    reason: FailureReason
+    detail: str = Field("", max_length=1000)
+
+
+class Route(_Wire):
+    """Where a worker receives `version` from: the parent's relay, or the learner when null."""
+
+    version: int
+    parent_id: str | None
+    url: str | None
+
+
+class Transfer(_Wire):
+    """One stream segment that ended cleanly: what came from one parent, and how fast."""
+
+    parent_id: str | None
+    bytes: int = Field(ge=0)
+    seconds: float = Field(ge=0, allow_inf_nan=False)
+
+
+class InstalledRequest(_Wire):
+    worker_id: str
+    version: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Of the installed snapshot's bytes; must equal the published one's."""
+    transfers: list[Transfer] = Field([], max_length=256)

@@ -1,9 +1,11 @@
 """Remote rollout source: the coordinator serves workers; the learner takes what they pushed.
 
 The learner never waits for a particular worker: it takes the first `num_groups` admissible groups
-in the buffer, whoever generated them. It measures how long it waited (learner idle time) and when
-each published version reached a fraction q of the active workers (T_bcast, measured by the
-coordinator state from heartbeats).
+in the buffer, whoever generated them. It measures how long it waited (learner idle time); the
+coordinator state measures when each published version ran on a fraction q of the live workers
+(T_bcast at q = 0.9 and q = 1, from the workers' install reports). Snapshots are signed with the
+learner's key (RUN_DIR/learner_key.pem unless `broadcast.key_file` names another) and disseminated
+as `[broadcast]` says (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import secrets
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from echo2.broadcast.chunks import load_or_create_key
 from echo2.config import Config
 from echo2.control import capacity
+from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits, WorkerStatus
@@ -36,12 +41,25 @@ def serialise(snapshot: Snapshot) -> bytes:
 
 class RemoteRollout:
     def __init__(
-        self, *, config: Config, task: Task, buffer: ReplayBuffer, vocab_size: int, provider=None
+        self,
+        *,
+        config: Config,
+        task: Task,
+        buffer: ReplayBuffer,
+        vocab_size: int,
+        provider=None,
+        run_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.buffer = buffer
         self.t_train: list[float] = []
-        ccfg = config.coordinator
+        ccfg, bc = config.coordinator, config.broadcast
+        key_file = (
+            Path(bc.key_file).expanduser()
+            if bc.key_file
+            else (run_dir or config.run_dir()) / "learner_key.pem"
+        )
+        budget_mbps = bc.uplink_budget_mbps or bc.uplink_mbps
         self.state = CoordinatorState(
             buffer=buffer,
             limits=Limits(
@@ -61,9 +79,18 @@ class RemoteRollout:
             target=self.target_throughput,
             window_s=config.scheduler.window_s,
             provider=provider,
+            broadcast=BroadcastPolicy(
+                mode=bc.mode,
+                chunk_size=bc.chunk_bytes,
+                uplink_budget_bps=None if budget_mbps is None else budget_mbps * 1e6 / 8,
+                worker_bps=bc.worker_mbps * 1e6 / 8,
+            ),
+            signing_key=load_or_create_key(key_file),
         )
         self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
-        worker_view = config.model_dump(mode="json", include={"model", "task", "rollout", "coordinator"})
+        worker_view = config.model_dump(
+            mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
+        )
         worker_view["run"] = {"seed": config.run.seed}
         self.idle = 0.0
         self.train = 0.0
@@ -74,6 +101,7 @@ class RemoteRollout:
             run_info=worker_view,
             heartbeat_interval=ccfg.heartbeat_interval,
             status_extra=self.timings,
+            uplink_bps=None if bc.uplink_mbps is None else bc.uplink_mbps * 1e6 / 8,
         )
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
@@ -93,7 +121,18 @@ class RemoteRollout:
         with self.state.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
             self.staleness_hist.update(staleness)
-        return groups, staleness, {"time/learner_wait": waited, "time/rollout": waited}
+            stats = {"time/learner_wait": waited, "time/rollout": waited, **self._bcast_metrics()}
+        return groups, staleness, stats
+
+    def _bcast_metrics(self) -> dict[str, float]:
+        """T_bcast of the newest version measured so far (keys absent until one is)."""
+        if not self.state.t_bcast:
+            return {}
+        v = max(self.state.t_bcast)
+        out = {"bcast/version": float(v), "bcast/t_q90": self.state.t_bcast[v]}
+        if v in self.state.t_bcast_all:
+            out["bcast/t_all"] = self.state.t_bcast_all[v]
+        return out
 
     def record_train_time(self, seconds: float) -> None:
         with self.state.lock:
@@ -159,6 +198,10 @@ class RemoteRollout:
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "t_train": statistics.median(self.t_train) if self.t_train else None,
             "t_bcast": statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else None,
+            "t_bcast_all": (
+                statistics.median(self.state.t_bcast_all.values()) if self.state.t_bcast_all else None
+            ),
+            "broadcast_mode": self.config.broadcast.mode,
             "learner_idle_s": self.idle,
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),

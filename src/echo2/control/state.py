@@ -7,7 +7,6 @@ all-or-nothing: a batch with one bad record is rejected whole, with a reason, an
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -17,6 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.broadcast.chunks import public_key_hex
+from echo2.control.broadcast import (
+    BroadcastPolicy,
+    BroadcastState,
+    NotKept,
+    Peer,
+    SnapshotBlob,
+    WrongSnapshot,
+    make_blob,
+)
 from echo2.control.provider import Provider
 from echo2.control.scheduler import Decision, Role, Scheduler, WorkerView
 from echo2.data.buffer import ReplayBuffer
@@ -25,7 +36,6 @@ from echo2.records import Trajectory
 logger = logging.getLogger(__name__)
 
 OFFER = "offer:"  # scheduler ids of a provider's slots that have no registered worker
-BCAST_QUANTILE = 0.9  # T_bcast: until q = 1 / gamma of active workers run a version (gamma about 1.1)
 
 
 class WorkerStatus(StrEnum):
@@ -51,6 +61,9 @@ class WorkerInfo:
     price_per_hour: float
     inbound: bool
     last_seen: float
+    registered_at: float
+    relay_url: str | None = None
+    """Where its relay server serves snapshot chunks to a child (None: never a parent)."""
     version: int = -1
     throughput: float = 0.0
     status: WorkerStatus = WorkerStatus.ACTIVE
@@ -78,13 +91,6 @@ class Limits:
     group_size: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SnapshotBlob:
-    version: int
-    data: bytes
-    sha256: str
-
-
 class CoordinatorState:
     def __init__(
         self,
@@ -99,6 +105,8 @@ class CoordinatorState:
         target: Callable[[], float | None] = lambda: None,
         window_s: float = 30.0,
         provider: Provider | None = None,
+        broadcast: BroadcastPolicy | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.provider = provider
@@ -119,11 +127,16 @@ class CoordinatorState:
         self.ready = threading.Condition(self.lock)  # notified when groups arrive or state changes
         self.workers: dict[str, WorkerInfo] = {}
         self.leases: dict[str, Lease] = {}
-        self.snapshots: dict[int, SnapshotBlob] = {}
+        self.signing_key = signing_key or Ed25519PrivateKey.generate()
+        """Signs every snapshot manifest; its public half is handed to workers at registration."""
+        self.public_key = public_key_hex(self.signing_key)
+        self.bcast = BroadcastState(broadcast or BroadcastPolicy())
+        """Kept snapshots, chain plans, peer scores, install times (control/broadcast.py)."""
+        self.listeners: list[Callable[[], None]] = []
+        """Called (from the publishing thread, outside the lock) after each publication."""
+        self.keep = 1
+        """Snapshot versions kept (S + 1; set by the learner at each publication)."""
         self.published_version = -1
-        self.published_at: dict[int, float] = {}
-        self.t_bcast: dict[int, float] = {}
-        """Seconds from publication until BCAST_QUANTILE of active workers reported the version."""
         self.next_index = 0
         self.reissue: deque[int] = deque()
         self.rejected: Counter[str] = Counter()
@@ -135,16 +148,26 @@ class CoordinatorState:
 
     # ------------------------------------------------------------------ workers
     def register(
-        self, *, name: str, hardware: str, price_per_hour: float, inbound: bool, throughput: float = 0.0
+        self,
+        *,
+        name: str,
+        hardware: str,
+        price_per_hour: float,
+        inbound: bool,
+        throughput: float = 0.0,
+        relay_url: str | None = None,
     ) -> WorkerInfo:
         with self.lock:
+            now = self.clock()
             info = WorkerInfo(
                 worker_id=uuid.uuid4().hex[:12],
                 name=name,
                 hardware=hardware,
                 price_per_hour=price_per_hour,
                 inbound=inbound,
-                last_seen=self.clock(),
+                last_seen=now,
+                registered_at=now,
+                relay_url=relay_url,
                 throughput=throughput,
                 # With a scheduler and a known target, newcomers wait in reserve until activated;
                 # a provider only starts the workers the scheduler (or the run's start) asked for.
@@ -174,17 +197,9 @@ class CoordinatorState:
             if throughput > 0:
                 info.throughput = throughput
                 info.samples.append((self.clock(), throughput))
-            self._note_installed()
-
-    def _note_installed(self) -> None:
-        active = [w for w in self.workers.values() if w.status is WorkerStatus.ACTIVE]
-        for v, t0 in self.published_at.items():
-            if (
-                v not in self.t_bcast
-                and active
-                and sum(w.version >= v for w in active) >= BCAST_QUANTILE * len(active)
-            ):
-                self.t_bcast[v] = self.clock() - t0
+            if version >= 0:
+                self.bcast.note_version(worker_id, version, self.clock())
+                self.bcast.update_t_bcast(self._peers())
 
     def expire(self) -> None:
         """Mark silent workers lost and reissue expired leases (called periodically)."""
@@ -193,6 +208,7 @@ class CoordinatorState:
             for info in self.workers.values():
                 if info.status is WorkerStatus.ACTIVE and now - info.last_seen > self.heartbeat_timeout:
                     info.status = WorkerStatus.LOST
+                    self.bcast.forget(info.worker_id)
                     logger.info(
                         "worker lost: %s (%s), silent %.1fs", info.name, info.worker_id, now - info.last_seen
                     )
@@ -203,6 +219,9 @@ class CoordinatorState:
                 lost = owner is None or owner.status is WorkerStatus.LOST
                 if now > lease.deadline or lost:
                     self._reissue(lease)
+            peers = self._peers()
+            self.bcast.update_t_bcast(peers)  # the live set changed: a quantile may be reached now
+            self.bcast.evict(self.keep, peers)
             if self.scheduler is not None:
                 self._schedule(now)
 
@@ -375,16 +394,90 @@ class CoordinatorState:
             if self.buffer.group_count(gid) + n > lim.group_size:
                 raise Rejected(422, "group_overflow", f"group {gid}: more than {lim.group_size} records")
 
+    # ------------------------------------------------------------------ snapshot broadcast
+    @property
+    def snapshots(self) -> dict[int, SnapshotBlob]:
+        return self.bcast.snapshots
+
+    @property
+    def t_bcast(self) -> dict[int, float]:
+        """Seconds from publication until 90% of the live workers ran each version."""
+        return self.bcast.t_bcast[0.9]
+
+    @property
+    def t_bcast_all(self) -> dict[int, float]:
+        """Seconds from publication until every live worker ran each version."""
+        return self.bcast.t_bcast[1.0]
+
+    def _peers(self) -> dict[str, Peer]:
+        return {
+            w.worker_id: Peer(worker_id=w.worker_id, relay_url=w.relay_url, registered_at=w.registered_at)
+            for w in self.workers.values()
+            if w.status is WorkerStatus.ACTIVE
+        }
+
+    def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
+        """Whom `worker_id` receives `version` from: (parent id, relay URL), or (None, None) for
+        the learner."""
+        with self.lock:
+            self._worker(worker_id)
+            try:
+                return self.bcast.route(worker_id, version, self._peers())
+            except NotKept:
+                raise Rejected(404, "no_snapshot", f"version {version} is not kept") from None
+
+    def report_failure(
+        self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
+    ) -> tuple[str | None, str | None]:
+        """The receiver's parent failed; returns its new route."""
+        with self.lock:
+            self._worker(worker_id)
+            logger.info(
+                "broadcast of %d: %s reports parent %s: %s %s",
+                version,
+                worker_id,
+                parent_id or "learner",
+                reason,
+                detail[:200],
+            )
+            try:
+                return self.bcast.failure(worker_id, version, parent_id, reason, self._peers(), self.clock())
+            except NotKept:
+                raise Rejected(404, "no_snapshot", f"version {version} is not kept") from None
+
+    def report_installed(
+        self, worker_id: str, version: int, sha256: str, transfers: list[tuple[str | None, int, float]]
+    ) -> None:
+        """The worker runs `version` from now on (exact install time for T_bcast)."""
+        with self.lock:
+            info = self._worker(worker_id)
+            if version > self.published_version:
+                raise Rejected(
+                    422, "future_version", f"version {version} > published {self.published_version}"
+                )
+            try:
+                self.bcast.installed(worker_id, version, sha256, transfers, self._peers(), self.clock())
+            except WrongSnapshot as e:
+                raise Rejected(422, "wrong_snapshot", str(e)) from None
+            info.version = max(info.version, version)
+            self.bcast.evict(self.keep, self._peers())
+
+    def record_bytes_served(self, n: int) -> None:
+        with self.lock:
+            self.bcast.bytes_served += n
+
     # ------------------------------------------------------------------ learner side
     def publish(self, version: int, data: bytes, *, keep: int) -> SnapshotBlob:
-        blob = SnapshotBlob(version=version, data=data, sha256=hashlib.sha256(data).hexdigest())
+        """Cut, hash and sign the snapshot (outside the lock), plan its broadcast from the current
+        scores, and keep it with the newest `keep` (S + 1) versions."""
+        blob = make_blob(version, data, self.bcast.policy.chunk_size, self.signing_key)
         with self.lock:
-            self.snapshots[version] = blob
+            self.keep = keep
             self.published_version = version
-            self.published_at[version] = self.clock()
-            for v in sorted(self.snapshots)[:-keep]:
-                del self.snapshots[v]
+            self.bcast.publish(blob, self._peers(), self.clock(), keep=keep)
             self.ready.notify_all()
+        for listener in list(self.listeners):
+            listener()
         logger.info("version published: %d (%.1f MB)", version, len(data) / 1e6)
         return blob
 
@@ -406,3 +499,5 @@ class CoordinatorState:
         with self.lock:
             self.closed = True
             self.ready.notify_all()
+        for listener in list(self.listeners):
+            listener()

@@ -82,7 +82,12 @@ def run(
         from echo2.control.remote import RemoteRollout
 
         source = RemoteRollout(
-            config=config, task=task, buffer=buffer, vocab_size=len(tokenizer), provider=provider
+            config=config,
+            task=task,
+            buffer=buffer,
+            vocab_size=len(tokenizer),
+            provider=provider,
+            run_dir=run_dir,
         )
     else:
         source = LocalRollout(engine=engine, task=task, buffer=buffer, config=rcfg, seed=config.run.seed)

@@ -83,6 +83,7 @@ class LocalFleet:
         env = {**os.environ, "ECHO2_TOKEN": self.token, "OMP_NUM_THREADS": str(self.worker_threads)}
         cmd = [sys.executable, "-m", "echo2.cli", "worker", "--coordinator", self.url, "--name", name]
         cmd += ["--threads", str(self.worker_threads), "--price-per-hour", str(slot.offer.price), "-q"]
+        cmd += ["--inbound", "--relay-host", "127.0.0.1"]  # relays snapshots to a peer (chain mode)
         if self.emulate:
             cmd += ["--emulate", str(slot.offer.throughput)]
         slot.proc = subprocess.Popen(cmd, env=env)

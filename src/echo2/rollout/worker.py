@@ -5,19 +5,25 @@ timeout; pushes are retried with backoff (ingestion is idempotent, so a retry ne
 an unknown-worker answer (coordinator restarted, or this worker was marked lost) re-registers; a
 stale or expired answer drops the batch (the coordinator reissues its prompts). On stop it returns
 its lease. The engine runs in a thread so heartbeats keep flowing while it generates.
+
+Snapshots arrive in a task of their own (`echo2.broadcast.relay`: verified chunks from the parent
+the coordinator names, relayed to this worker's child with `--inbound`) while the worker keeps
+generating with the version it has; a complete, verified snapshot is installed between two
+generations, at once, and reported to the coordinator.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
+import os
 import time
 from typing import Any
 
 import aiohttp
 import torch
 
+from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, BroadcastClient, ChunkStore, RelayServer, mbit
 from echo2.config import Config
 from echo2.control.protocol import API
 
@@ -42,6 +48,11 @@ class Worker:
         inbound: bool = False,
         give_up_after: float = 300.0,
         emulate: float | None = None,
+        relay_host: str = "0.0.0.0",
+        relay_port: int = 0,
+        relay_advertise: str | None = None,
+        upload_mbps: float | None = None,
+        download_mbps: float | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
@@ -50,6 +61,10 @@ class Worker:
         self.hardware = hardware
         self.give_up_after = give_up_after
         self.inbound = inbound
+        """Accepts inbound connections: runs a relay server on relay_host:relay_port."""
+        self.relay_host, self.relay_port, self.relay_advertise = relay_host, relay_port, relay_advertise
+        self.upload_mbps, self.download_mbps = upload_mbps, download_mbps
+        """Caps in Mbit/s; None takes the run's broadcast.worker_upload_mbps / worker_download_mbps."""
         self.emulate = emulate
         """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
         self.worker_id: str | None = None
@@ -59,13 +74,21 @@ class Worker:
         self.throughput = 0.0
         self.lease_id: str | None = None
         self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
+        self.store = ChunkStore()
+        self.relay = RelayServer(
+            self.store, token=token, fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1"
+        )
+        self.bcast: BroadcastClient | None = None
+        self.engine_ready = asyncio.Event()
+        self.engine_lock = asyncio.Lock()
+        """Held while generating and while installing: a snapshot goes in between two generations."""
 
     # ------------------------------------------------------------------ HTTP
-    async def _call(self, method: str, path: str, body: dict | None = None, *, raw: bool = False) -> Any:
+    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         async with self.session.request(method, self.url + path, json=body) as resp:
             if resp.status == 204:
                 return None
-            data = await (resp.read() if raw and resp.status == 200 else resp.json(content_type=None))
+            data = await resp.json(content_type=None)
             if resp.status >= 400:
                 raise CallFailed(resp.status, data)
             return data
@@ -100,6 +123,10 @@ class Worker:
             "throughput": self.emulate or 0.0,
             "inbound": self.inbound,
         }
+        if self.relay.port is not None:
+            body["relay_port"] = self.relay.port
+            if self.relay_advertise:
+                body["relay_host"] = self.relay_advertise
         reply = await self._retry("register", lambda: self._call("POST", f"{API}/register", body), stop)
         self.worker_id = reply["worker_id"]
         self.heartbeat_interval = reply["heartbeat_interval"]
@@ -107,6 +134,22 @@ class Worker:
             from echo2.config import build_config
 
             self.config = build_config(reply["run"])
+        if self.bcast is None:
+            bc = self.config.broadcast
+            up = self.upload_mbps if self.upload_mbps is not None else bc.worker_upload_mbps
+            down = self.download_mbps if self.download_mbps is not None else bc.worker_download_mbps
+            self.relay.upload_bucket = mbit(up)
+            self.relay.keepalive_s = bc.progress_timeout_s / 4  # well within a receiver's timeout
+            self.bcast = BroadcastClient(
+                self.url,
+                self.token,
+                self.worker_id,
+                self.store,
+                public_key=reply["public_key"],
+                download_bucket=mbit(down),
+                progress_timeout=bc.progress_timeout_s,
+            )
+        self.bcast.worker_id, self.bcast.public_key = self.worker_id, reply["public_key"]
         logger.info("registered as %s with %s", self.worker_id, self.url)
 
     def _build(self) -> None:
@@ -125,30 +168,19 @@ class Worker:
         model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
         self.engine = HFEngine(model, tok, cfg.rollout, version=-1)
 
-    async def sync_snapshot(self, stop: asyncio.Event) -> None:
-        """Install the newest published snapshot if it is newer than ours (sha256 verified)."""
-        try:
-            manifest = await self._call("GET", f"{API}/snapshot")
-        except CallFailed as e:
-            if e.status == 404:
-                return
-            raise
-        if manifest["version"] <= self.engine.version:
-            return
-        data = await self._call("GET", f"{API}/snapshot/{manifest['version']}", raw=True)
-        if isinstance(data, dict) or hashlib.sha256(data).hexdigest() != manifest["sha256"]:
-            logger.warning("snapshot %d failed verification; not installed", manifest["version"])
-            return
-        await asyncio.to_thread(self._install, manifest["version"], data)
-        logger.info("installed version %d", manifest["version"])
-
-    def _install(self, version: int, data: bytes) -> None:
+    async def install_snapshot(self, version: int, data: bytes) -> None:
+        """Install a verified snapshot (called by the broadcast task): parse it while the engine
+        may still generate, then swap it in between two generations."""
         from safetensors.torch import load
 
         from echo2.records import Snapshot
 
-        state = {} if self.emulate else load(data)  # an emulated engine has no weights to load
-        self.engine.install(Snapshot(version=version, state=state))
+        await self.engine_ready.wait()
+        # an emulated engine has no weights to load
+        state = {} if self.emulate else await asyncio.to_thread(load, data)
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.install, Snapshot(version=version, state=state))
+        logger.info("installed version %d", version)
 
     async def heartbeat_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -187,7 +219,8 @@ class Worker:
             torch.manual_seed(rollout_seed(cfg.run.seed, lease["indices"][0]))
             return collect(self.engine, self.task, prompts, n=cfg.rollout.group_size)
 
-        groups = await asyncio.to_thread(generate)
+        async with self.engine_lock:
+            groups = await asyncio.to_thread(generate)
         records = [r.to_dict() for g in groups for r in g]
         self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
         push = {"worker_id": self.worker_id, "lease_id": self.lease_id, "records": records}
@@ -223,13 +256,19 @@ class Worker:
         headers = {"Authorization": f"Bearer {self.token}"}
         timeout = aiohttp.ClientTimeout(total=120, connect=10)
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as self.session:
-            await self.register(stop)
-            beat = asyncio.create_task(self.heartbeat_forever(stop))  # alive while the model loads
+            if self.inbound:
+                await self.relay.start(self.relay_host, self.relay_port)
+            beat = bcast = None
             try:
+                await self.register(stop)
+                beat = asyncio.create_task(self.heartbeat_forever(stop))  # alive while the model loads
+                bcast = asyncio.create_task(self.bcast.follow(stop, self.install_snapshot))
                 await asyncio.to_thread(self._build)
+                self.engine_ready.set()
                 while not stop.is_set():
+                    if bcast.done():  # it only ends on stop; anything else is a bug to surface
+                        bcast.result()
                     try:
-                        await self._retry("snapshot", lambda: self.sync_snapshot(stop), stop)
                         if not await self.one_lease(stop):
                             try:
                                 await asyncio.wait_for(stop.wait(), timeout=0.2)
@@ -243,4 +282,10 @@ class Worker:
                         await self.register(stop)
             finally:
                 await self.return_lease()
-                beat.cancel()
+                for task in (beat, bcast):
+                    if task is not None:
+                        task.cancel()
+                await asyncio.gather(*(t for t in (beat, bcast) if t is not None), return_exceptions=True)
+                if self.bcast is not None:
+                    await self.bcast.close()
+                await self.relay.stop()

@@ -1,0 +1,293 @@
+"""The learner's side of snapshot broadcast: kept snapshots (chunked, signed), the chain plan of each
+version, peer scores, the Bw estimate, install times and T_bcast.
+
+Pure bookkeeping with the caller's clock, no I/O and no lock of its own: `CoordinatorState` owns one
+and calls it under its lock, passing the workers that are alive now (`Peer`). Policies come from
+`echo2.broadcast.plan` (scores, N_ch, chain assembly, excision).
+
+- **Plan.** At each publication the live workers are scored (Appendix C.3) and laid out as
+  N_ch = floor(B0 / Bw_hat) chains (mode "chain") or all fed by the learner (mode "star"). Bw_hat is
+  the median rate of the last 20 transfers workers reported, the configured figure until then. A
+  worker with no relay server, or one that failed as a parent more than 3 times in a row, is only
+  ever a tail.
+- **Route.** A worker asks whom to receive a version from. One that joined after the publication is
+  appended to the shortest chain whose tail may relay (else fed by the learner); a parent that has
+  been lost since planning is excised first.
+- **Failure.** A receiver reports its parent: the parent's score falls, it is excised (its tail
+  reattaches to the nearest healthy upstream peer, or the learner), and it may not get a child for
+  this version again; the receiver gets its new parent.
+- **Installed.** A receiver reports the exact moment it runs a version: T_bcast(q) of a version is
+  the time until a fraction q of the live workers run it (or something newer); each worker counts
+  from the publication, or from its registration if it joined later. Heartbeats also count (a
+  version reported there is installed), as an upper bound for workers that do not report.
+- **Eviction.** The newest `keep` (S + 1) versions are kept; an older one only as long as a live
+  worker is still receiving it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.broadcast.chunks import Manifest, make_manifest
+from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, build_chains, build_star, n_chains
+
+QUANTILES = (0.9, 1.0)
+"""T_bcast is reported at q = 0.9 (about 1 / gamma of the workers, the paper's measure) and q = 1."""
+HISTORY = 64
+"""Versions whose install times are kept (T_bcast values themselves are kept for every version)."""
+
+
+class NotKept(KeyError):
+    """The version is not (or no longer) kept."""
+
+
+class WrongSnapshot(ValueError):
+    """A worker reports installing bytes that differ from the published snapshot."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BroadcastPolicy:
+    mode: str = "chain"
+    """"chain" or "star"."""
+    chunk_size: int = 4 * 2**20
+    uplink_budget_bps: float | None = None
+    """B0 in bytes/s for planning; None: unlimited (every worker is a seed)."""
+    worker_bps: float = 100e6 / 8
+    """Bw_hat in bytes/s until transfers are measured."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Peer:
+    """A live worker, as the broadcast bookkeeping needs to know it."""
+
+    worker_id: str
+    relay_url: str | None
+    """Where its relay server listens; None: it cannot serve a child."""
+    registered_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotBlob:
+    version: int
+    data: bytes
+    sha256: str
+    manifest: Manifest
+    """Signed by the learner's key."""
+    chunks: list[memoryview]
+    """Views into `data`, one per manifest entry."""
+
+
+def make_blob(version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey) -> SnapshotBlob:
+    """Hash, cut and sign a snapshot (no copy of the bytes)."""
+    manifest, chunks = make_manifest(version, memoryview(data), chunk_size, key)
+    return SnapshotBlob(
+        version=version, data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest, chunks=chunks
+    )
+
+
+class BroadcastState:
+    def __init__(self, policy: BroadcastPolicy) -> None:
+        if policy.mode not in ("chain", "star"):
+            raise ValueError(f"broadcast mode must be 'chain' or 'star', not {policy.mode!r}")
+        self.policy = policy
+        self.snapshots: dict[int, SnapshotBlob] = {}
+        self.plans: dict[int, ChainPlan] = {}
+        self.leaf_only: dict[int, set[str]] = {}
+        """Per version, parents excised for it: they may not get a child again for that version."""
+        self.receiving: dict[int, set[str]] = {}
+        """Per version, workers that asked for a route and do not run it (or newer) yet."""
+        self.published_at: dict[int, float] = {}
+        self.installed_at: dict[int, dict[str, float]] = {}
+        self.t_bcast: dict[float, dict[int, float]] = {q: {} for q in QUANTILES}
+        """q -> version -> seconds until a fraction q of the live workers ran the version."""
+        self.stats: dict[str, PeerStats] = {}
+        self.rates: deque[float] = deque(maxlen=20)
+        self.failures: Counter[str] = Counter()
+        """Parent failures reported by receivers, by reason."""
+        self.bytes_served = 0
+        """Snapshot bytes the learner itself sent (chunk streams and whole downloads)."""
+
+    # ------------------------------------------------------------------ planning
+    def bw_hat(self) -> float:
+        return statistics.median(self.rates) if self.rates else self.policy.worker_bps
+
+    def _stats(self, worker_id: str) -> PeerStats:
+        return self.stats.setdefault(worker_id, PeerStats())
+
+    def _can_relay(self, worker_id: str, peers: dict[str, Peer]) -> bool:
+        stats = self.stats.get(worker_id)
+        demoted = stats is not None and stats.consecutive_failures > stats.params.failure_threshold
+        return peers[worker_id].relay_url is not None and not demoted
+
+    def make_plan(self, peers: dict[str, Peer], now: float) -> ChainPlan:
+        ids = sorted(peers)
+        if self.policy.mode == "star" or not ids:
+            return build_star(ids)
+        infos = [
+            PeerInfo(
+                worker_id=w,
+                score=self.stats[w].score(now) if w in self.stats else PeerStats().score(now),
+                inbound=self._can_relay(w, peers),
+            )
+            for w in ids
+        ]
+        n_ch = n_chains(self.policy.uplink_budget_bps or math.inf, self.bw_hat(), len(ids))
+        return build_chains(infos, n_ch)
+
+    def publish(self, blob: SnapshotBlob, peers: dict[str, Peer], now: float, *, keep: int) -> None:
+        v = blob.version
+        self.snapshots[v] = blob
+        self.published_at[v] = now
+        self.plans[v] = self.make_plan(peers, now)
+        self.leaf_only[v] = set()
+        self.receiving[v] = set()
+        for old in sorted(self.published_at)[:-HISTORY]:
+            del self.published_at[old]
+            self.installed_at.pop(old, None)
+        self.evict(keep, peers)
+
+    def evict(self, keep: int, peers: dict[str, Peer]) -> None:
+        for v in sorted(self.snapshots)[:-keep]:
+            if not self.receiving.get(v, set()) & peers.keys():
+                del self.snapshots[v]
+                self.plans.pop(v, None)
+                self.leaf_only.pop(v, None)
+                self.receiving.pop(v, None)
+
+    # ------------------------------------------------------------------ routing
+    def route(self, worker_id: str, version: int, peers: dict[str, Peer]) -> tuple[str | None, str | None]:
+        """(parent worker id, its relay URL); (None, None) means the learner."""
+        plan = self.plans.get(version)
+        if plan is None:
+            raise NotKept(version)
+        while True:
+            try:
+                parent = plan.parent_of(worker_id)
+            except KeyError:
+                plan = self._attach(plan, worker_id, version, peers)
+                continue
+            if parent is None or parent in peers:
+                break
+            plan = plan.excise(parent)  # lost since the plan was made
+        self.plans[version] = plan
+        self.receiving[version].add(worker_id)
+        return parent, (peers[parent].relay_url if parent is not None else None)
+
+    def _attach(self, plan: ChainPlan, worker_id: str, version: int, peers: dict[str, Peer]) -> ChainPlan:
+        """A worker the plan does not know: the new tail of the shortest chain whose tail may relay."""
+        chains = list(plan.chains)
+        if plan.mode == "chain":
+            open_tails = [
+                i
+                for i, chain in enumerate(chains)
+                if chain[-1] in peers
+                and self._can_relay(chain[-1], peers)
+                and chain[-1] not in self.leaf_only[version]
+            ]
+            if open_tails:
+                i = min(open_tails, key=lambda i: len(chains[i]))
+                chains[i] = chains[i] + (worker_id,)
+                return ChainPlan(chains=tuple(chains), mode=plan.mode)
+        return ChainPlan(chains=(*chains, (worker_id,)), mode=plan.mode)
+
+    def failure(
+        self,
+        worker_id: str,
+        version: int,
+        parent_id: str | None,
+        reason: str,
+        peers: dict[str, Peer],
+        now: float,
+    ) -> tuple[str | None, str | None]:
+        """A receiver's parent failed: score it down and excise it if it is still that receiver's
+        parent (a report about an old parent changes nothing); returns the receiver's new route."""
+        plan = self.plans.get(version)
+        if plan is None:
+            raise NotKept(version)
+        self.failures[reason] += 1
+        try:
+            current = plan.parent_of(worker_id)
+        except KeyError:
+            current = None
+        if parent_id is not None and parent_id == current:
+            self._stats(parent_id).record_failure(now)
+            self.plans[version] = plan.excise(parent_id)
+            self.leaf_only[version].add(parent_id)
+        return self.route(worker_id, version, peers)
+
+    def forget(self, worker_id: str) -> None:
+        """A worker was lost: excise it from every plan (its receivers will be routed around it)."""
+        for v, plan in self.plans.items():
+            self.plans[v] = plan.excise(worker_id)
+
+    # ------------------------------------------------------------------ installs and T_bcast
+    def installed(
+        self,
+        worker_id: str,
+        version: int,
+        sha256: str,
+        transfers: list[tuple[str | None, int, float]],
+        peers: dict[str, Peer],
+        now: float,
+    ) -> None:
+        """An exact install report, with the (parent, bytes, seconds) segments the chunks came in."""
+        blob = self.snapshots.get(version)
+        if blob is not None and blob.sha256 != sha256:
+            raise WrongSnapshot(f"sha256 {sha256[:12]}... is not the one published for version {version}")
+        for parent_id, nbytes, seconds in transfers:
+            if nbytes > 0 and seconds > 0:
+                self.rates.append(nbytes / seconds)
+            if parent_id in peers or parent_id in self.stats:
+                self._stats(parent_id).record_transfer(nbytes, seconds, now)
+        self.note_version(worker_id, version, now)
+        self.update_t_bcast(peers)
+
+    def note_version(self, worker_id: str, version: int, now: float) -> None:
+        """The worker runs `version`: it counts as having every published version up to it."""
+        for v in self.published_at:
+            if v <= version:
+                self.installed_at.setdefault(v, {}).setdefault(worker_id, now)
+                if v in self.receiving:
+                    self.receiving[v].discard(worker_id)
+
+    def update_t_bcast(self, peers: dict[str, Peer]) -> None:
+        """Record T_bcast(q) for versions where a fraction q of the live workers now run them."""
+        if not peers:
+            return
+        for v, t0 in self.published_at.items():
+            got = self.installed_at.get(v, {})
+            delays = sorted(at - max(t0, peers[w].registered_at) for w, at in got.items() if w in peers)
+            for q in QUANTILES:
+                need = math.ceil(q * len(peers) - 1e-9)
+                if v not in self.t_bcast[q] and len(delays) >= need:
+                    self.t_bcast[q][v] = delays[need - 1]
+
+    # ------------------------------------------------------------------ reporting
+    def status(self, names: dict[str, str], now: float) -> dict:
+        newest = max(self.plans, default=None)
+        plan = self.plans.get(newest) if newest is not None else None
+        recent = sorted(self.published_at)[-10:]
+        return {
+            "mode": self.policy.mode,
+            "chunk_size": self.policy.chunk_size,
+            "bw_hat_mbps": self.bw_hat() * 8 / 1e6,
+            "uplink_budget_mbps": (
+                None if self.policy.uplink_budget_bps is None else self.policy.uplink_budget_bps * 8 / 1e6
+            ),
+            "kept_versions": sorted(self.snapshots),
+            "plan_version": newest,
+            "chains": [[names.get(w, w) for w in chain] for chain in plan.chains] if plan else [],
+            "t_bcast_by_version": {
+                str(v): {f"q{q:g}": self.t_bcast[q].get(v) for q in QUANTILES} for v in recent
+            },
+            "installed_by_version": {str(v): len(self.installed_at.get(v, {})) for v in recent},
+            "parent_failures": dict(self.failures),
+            "learner_bytes_sent": self.bytes_served,
+            "scores": {names.get(w, w): round(s.score(now), 1) for w, s in self.stats.items()},
+        }

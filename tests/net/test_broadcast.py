@@ -1,0 +1,396 @@
+"""Snapshot broadcast over real loopback HTTP: a coordinator (port 0) and six broadcast-only workers
+(`BroadcastPeer`, each with its own relay server on port 0) in one process, no torch.
+
+Every worker installs every snapshot (chains and star); a relay killed mid-broadcast, a relay that
+stops making progress and a relay that flips a byte are all routed around, and every survivor
+still installs exactly the published bytes; a manifest with a bad signature is refused; the
+learner reports T_bcast. Each test is bounded by `asyncio.wait_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import urllib.error
+import urllib.request
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.broadcast.relay import BroadcastPeer, RelayServer
+from echo2.control.broadcast import BroadcastPolicy
+from echo2.control.coordinator import Coordinator
+from echo2.control.state import CoordinatorState, Limits
+from echo2.data.buffer import ReplayBuffer
+
+TOKEN = "bcast-token"
+CHUNK = 64 * 1024
+WORKER_BPS = 1e6  # the configured Bw_hat, bytes/s
+PROGRESS_TIMEOUT = 1.0
+
+
+def start_coordinator(*, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0):
+    """A coordinator whose plan has `chains` chains until transfers are measured."""
+    state = CoordinatorState(
+        buffer=ReplayBuffer(staleness=1, group_size=2),
+        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
+        group_id_of=lambda i: f"g{i}",
+        lease_timeout=30.0,
+        heartbeat_timeout=heartbeat_timeout,
+        broadcast=BroadcastPolicy(
+            mode=mode, chunk_size=CHUNK, uplink_budget_bps=chains * WORKER_BPS, worker_bps=WORKER_BPS
+        ),
+    )
+    run_info = {"broadcast": {"progress_timeout_s": PROGRESS_TIMEOUT, "worker_download_mbps": download_mbps}}
+    server = Coordinator(state, token=TOKEN, run_info=run_info, heartbeat_interval=0.2, uplink_bps=uplink_bps)
+    server.start()
+    return server, state
+
+
+def snapshot_bytes(version: int, size: int = 2 * 2**20) -> bytes:
+    return random.Random(version).randbytes(size)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Fleet:
+    """Broadcast-only workers in this event loop; `kill` cancels one (its relay cuts its streams)."""
+
+    def __init__(self, url: str, n: int, **kw) -> None:
+        self.peers = [BroadcastPeer(url, TOKEN, f"p{i}", **kw) for i in range(n)]
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> Fleet:
+        self.tasks = [asyncio.create_task(p.run(self.stop)) for p in self.peers]
+        while not all(p.client is not None for p in self.peers):  # registered, following
+            await asyncio.sleep(0.02)
+            for t in self.tasks:
+                if t.done():
+                    t.result()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def by_id(self, worker_id: str) -> BroadcastPeer:
+        return next(p for p in self.peers if p.worker_id == worker_id)
+
+    async def kill(self, peer: BroadcastPeer) -> None:
+        task = self.tasks[self.peers.index(peer)]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def installed(self, version: int, peers=None) -> None:
+        while not all(version in p.installed for p in peers or self.peers):
+            await asyncio.sleep(0.02)
+
+
+def publish(state: CoordinatorState, version: int) -> str:
+    data = snapshot_bytes(version)
+    state.publish(version, data, keep=2)
+    return sha(data)
+
+
+def bounded(coro, timeout: float = 60.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def get_status(server) -> dict:
+    req = urllib.request.Request(server.url + "/status", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def give_score(state: CoordinatorState, worker_id: str) -> None:
+    """History that ranks this worker first (it becomes the seed of a chain)."""
+    with state.lock:
+        for t in range(10):
+            state.bcast._stats(worker_id).record_transfer(10**8, 1.0, now=state.clock() + t)
+
+
+# ---------------------------------------------------------------------------- the happy path
+@pytest.mark.parametrize("mode", ["chain", "star"])
+def test_every_worker_installs_every_snapshot(mode):
+    """Three versions to six workers. Chain: two chains of three, so the learner sends each version
+    twice and the other four copies are relayed by peers. Star: the learner sends all six. T_bcast
+    at q = 0.9 and q = 1 is reported for every version, in /status too."""
+    server, state = start_coordinator(mode=mode, chains=2)
+
+    async def scenario():
+        async with Fleet(server.url, 6) as fleet:
+            for v in range(3):
+                digest = publish(state, v)
+                await fleet.installed(v)
+                assert all(p.installed[v] == digest for p in fleet.peers)
+                while v not in state.t_bcast_all:  # the last install report is on its way
+                    await asyncio.sleep(0.01)
+            return fleet
+
+    try:
+        fleet = bounded(scenario())
+        plan0 = state.bcast.plans.get(0)
+        st = state.bcast
+        size = len(snapshot_bytes(0))
+        if mode == "chain":
+            relayed = [p for p in fleet.peers if any(t is not None for t in _parents(st, p.worker_id))]
+            assert relayed, "some workers received from a peer"
+            assert st.bytes_served < 6 * 3 * size, "peers carried part of the load"
+        else:
+            assert st.bytes_served == 6 * 3 * size, "star: the learner sends every copy"
+            assert plan0 is None or all(len(c) == 1 for c in plan0.chains)
+        for v in range(3):
+            assert v in state.t_bcast and v in state.t_bcast_all
+            assert 0 <= state.t_bcast[v] <= state.t_bcast_all[v] < 60
+        status = get_status(server)["broadcast"]
+        assert status["mode"] == mode
+        assert status["t_bcast_by_version"]["2"]["q1"] == pytest.approx(state.t_bcast_all[2])
+        assert status["installed_by_version"]["2"] == 6
+        assert st.failures == {}, "nothing failed on the happy path"
+    finally:
+        server.stop()
+
+
+def _parents(st, worker_id):
+    """Parents a worker was routed to, across the kept plans."""
+    out = []
+    for plan in st.plans.values():
+        try:
+            out.append(plan.parent_of(worker_id))
+        except KeyError:
+            pass
+    return out
+
+
+def test_chain_plan_has_n_ch_chains_fed_by_the_learner_once_each():
+    """B0 = 2 Bw: two chains of three; the learner streams each version to the two seeds only."""
+    server, state = start_coordinator(mode="chain", chains=2)
+
+    async def scenario():
+        async with Fleet(server.url, 6) as fleet:
+            digest = publish(state, 0)
+            plan = state.bcast.plans[0]
+            assert sorted(len(c) for c in plan.chains) == [3, 3]
+            await fleet.installed(0)
+            assert {p.installed[0] for p in fleet.peers} == {digest}
+
+    try:
+        bounded(scenario())
+        assert state.bcast.bytes_served == 2 * len(snapshot_bytes(0))
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- failures
+def test_relay_killed_mid_broadcast():
+    """One chain of six, downloads capped at 16 Mbit/s so the broadcast takes seconds. The second
+    worker of the chain is killed once it holds a few chunks: its child reports it, is reattached
+    to the killed worker's parent and resumes from its first missing chunk; every survivor
+    installs the snapshot, and T_bcast at q = 1 counts the survivors once the dead one is lost."""
+    server, state = start_coordinator(mode="chain", chains=1, download_mbps=16, heartbeat_timeout=1.0)
+
+    async def scenario():
+        async with Fleet(server.url, 6) as fleet:
+            digest = publish(state, 0)
+            chain = state.bcast.plans[0].chains[0]
+            victim, child = fleet.by_id(chain[1]), fleet.by_id(chain[2])
+            while len(victim.store.chunks.get(0, {})) < 4:
+                await asyncio.sleep(0.01)
+            assert not victim.store.complete(0), "killed mid-broadcast"
+            await fleet.kill(victim)
+            survivors = [p for p in fleet.peers if p is not victim]
+            await fleet.installed(0, survivors)
+            assert {p.installed[0] for p in survivors} == {digest}
+            assert (0, victim.worker_id, "unreachable") in child.client.failures
+            assert child.client.transfers == {}, "transfers went out with the install report"
+            while 0 not in state.t_bcast_all:  # until the dead worker is marked lost
+                await asyncio.sleep(0.05)
+            return victim, chain
+
+    try:
+        victim, chain = bounded(scenario())
+        plan = state.bcast.plans[0]
+        assert victim.worker_id not in plan.workers()
+        assert plan.parent_of(chain[2]) == chain[0], "reattached to the nearest healthy upstream peer"
+        assert state.bcast.stats[victim.worker_id].failures >= 1, "its score fell"
+    finally:
+        server.stop()
+
+
+class StallingRelay(RelayServer):
+    """Sends two chunks of each stream, then nothing at all (a hung process)."""
+
+    sent = 0
+
+    async def chunk(self, version, index, wait):
+        self.sent += 1
+        if self.sent > 2:
+            await asyncio.sleep(3600)
+        return await super().chunk(version, index, wait)
+
+
+def test_relay_that_stops_making_progress_is_excised():
+    server, state = start_coordinator(mode="chain", chains=1)
+
+    async def scenario():
+        fleet = Fleet(server.url, 6)
+        staller = fleet.peers[0]
+        staller.relay = StallingRelay(staller.store, token=TOKEN)
+        async with fleet:
+            give_score(state, staller.worker_id)  # the seed: it has a child
+            digest = publish(state, 0)
+            child_id = state.bcast.plans[0].child_of(staller.worker_id)
+            await fleet.installed(0)
+            assert {p.installed[0] for p in fleet.peers} == {digest}
+            assert (0, staller.worker_id, "stalled") in fleet.by_id(child_id).client.failures
+
+    try:
+        bounded(scenario())
+        assert state.bcast.failures["stalled"] >= 1
+    finally:
+        server.stop()
+
+
+def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
+    """A relay with TEST-ONLY fault injection corrupts every chunk it forwards. Its child drops the
+    first bad chunk (never stored, never forwarded), reports the relay, and gets the chunk again
+    from the relay's parent (here the learner); every worker installs exactly the published bytes."""
+    server, state = start_coordinator(mode="chain", chains=1)
+
+    async def scenario():
+        fleet = Fleet(server.url, 6)
+        liar = fleet.peers[0]
+        liar.relay.fault_flip_byte = True
+        async with fleet:
+            give_score(state, liar.worker_id)
+            before = state.bcast.stats[liar.worker_id].score(state.clock())
+            digest = publish(state, 0)
+            child = fleet.by_id(state.bcast.plans[0].child_of(liar.worker_id))
+            await fleet.installed(0)
+            assert {p.installed[0] for p in fleet.peers} == {digest}, "only verified bytes installed"
+            assert (0, liar.worker_id, "bad_chunk") in child.client.failures
+            assert child.store.complete(0) and child.store.assemble(0) == snapshot_bytes(0)
+            after = state.bcast.stats[liar.worker_id].score(state.clock())
+            assert after < before, "the lying relay's score fell"
+            # next publication: it is not a seed any more, and it gets no child for version 0
+            assert liar.worker_id in state.bcast.leaf_only[0]
+
+    try:
+        bounded(scenario())
+        assert state.bcast.failures["bad_chunk"] == 1
+    finally:
+        server.stop()
+
+
+def test_manifest_with_a_bad_signature_is_refused():
+    """A manifest signed by another key (a spoofed learner) is refused by every worker: nothing of
+    that version is stored, relayed or installed. The next properly signed version goes through."""
+    server, state = start_coordinator(mode="chain", chains=2)
+
+    async def scenario():
+        async with Fleet(server.url, 6) as fleet:
+            good_key = state.signing_key
+            state.signing_key = Ed25519PrivateKey.generate()
+            publish(state, 0)
+            await asyncio.sleep(1.0)  # every worker has fetched the manifest by now
+            assert all(0 not in p.installed and 0 not in p.store.manifests for p in fleet.peers)
+            assert all(p.client.installed_version == -1 for p in fleet.peers)
+            state.signing_key = good_key
+            digest = publish(state, 1)
+            await fleet.installed(1)
+            assert {p.installed[1] for p in fleet.peers} == {digest}
+            assert all(0 not in p.installed for p in fleet.peers)
+
+    try:
+        bounded(scenario())
+    finally:
+        server.stop()
+
+
+def test_uplink_cap_paces_the_learner():
+    """The learner's uplink bucket is shared by all its streams: star mode, four workers, 2 MiB each
+    at 64 Mbit/s (8 MB/s) takes at least one second."""
+    server, state = start_coordinator(mode="star", uplink_bps=8e6)
+
+    async def scenario():
+        async with Fleet(server.url, 4) as fleet:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            publish(state, 0)
+            await fleet.installed(0)
+            return loop.time() - t0
+
+    try:
+        took = bounded(scenario())
+        assert took >= 4 * 2 * 2**20 / 8e6 * 0.9
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- bad requests
+def call(server, method, path, body=None, *, token=TOKEN):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(server.url + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_broadcast_endpoints_refuse_bad_input():
+    server, state = start_coordinator()
+    try:
+        status, body = call(server, "POST", "/v1/register", {"name": "w", "inbound": True, "relay_port": 5})
+        wid = json.loads(body)["worker_id"]
+        assert state.workers[wid].relay_url == "http://127.0.0.1:5"
+        assert call(server, "GET", "/v1/manifest/0")[1]["error"] == "no_snapshot"
+        digest = publish(state, 0)
+        assert call(server, "GET", "/v1/manifest/0")[0] == 200
+        assert call(server, "GET", "/v1/chunks/0?from=-1")[0] == 400
+        assert call(server, "GET", "/v1/chunks/x")[0] == 400
+        assert call(server, "GET", "/v1/published?after=zz")[0] == 400
+        assert call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 9})[0] == 404
+        assert call(server, "POST", "/v1/broadcast/route", {"worker_id": "nobody", "version": 0})[0] == 404
+        bad_reason = {"worker_id": wid, "version": 0, "parent_id": None, "reason": "bored"}
+        assert call(server, "POST", "/v1/broadcast/failure", bad_reason)[0] == 422
+        wrong = {"worker_id": wid, "version": 0, "sha256": "0" * 64}
+        status, got = call(server, "POST", "/v1/broadcast/installed", wrong)
+        assert (status, got["error"]) == (422, "wrong_snapshot")
+        assert wid not in state.bcast.installed_at.get(0, {}), "a refused report changes nothing"
+        transfers = [{"parent_id": None, "bytes": 1, "seconds": 0.1}]
+        ok = {"worker_id": wid, "version": 0, "sha256": digest, "transfers": transfers}
+        assert call(server, "POST", "/v1/broadcast/installed", ok)[0] == 200
+        assert wid in state.bcast.installed_at[0]
+        assert call(server, "GET", "/v1/published?after=0&wait=0")[1] == b'{"version": 0}'
+    finally:
+        server.stop()
+
+
+def test_relay_requires_the_token_and_a_valid_range():
+    async def scenario():
+        from echo2.broadcast.relay import ChunkStore
+
+        relay = RelayServer(ChunkStore(), token=TOKEN)
+        url = await relay.start()
+        try:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"{url}/v1/chunks/0") as r:
+                    assert r.status == 401
+                headers = {"Authorization": f"Bearer {TOKEN}"}
+                async with s.get(f"{url}/v1/chunks/0?from=3&to=2", headers=headers) as r:
+                    assert r.status == 400 and (await r.json())["error"] == "malformed"
+        finally:
+            await relay.stop()
+
+    bounded(scenario(), 20)
