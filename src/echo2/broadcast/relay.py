@@ -358,11 +358,17 @@ class BroadcastClient:
 
     async def _route(self, version: int, failed: tuple[str | None, _ParentFailed] | None = None) -> dict:
         body: dict[str, Any] = {"worker_id": self.worker_id, "version": version}
-        if failed is None:
-            return await self._call("POST", f"{API}/broadcast/route", body)
-        parent_id, err = failed
-        body |= {"parent_id": parent_id, "reason": err.reason, "detail": err.detail[:1000]}
-        return await self._call("POST", f"{API}/broadcast/failure", body)
+        path = f"{API}/broadcast/route"
+        if failed is not None:
+            parent_id, err = failed
+            body |= {"parent_id": parent_id, "reason": err.reason, "detail": err.detail[:1000]}
+            path = f"{API}/broadcast/failure"
+        try:
+            return await self._call("POST", path, body)
+        except CoordinatorError as e:
+            if isinstance(e.body, dict) and e.body.get("error") == "no_snapshot":
+                raise BroadcastError(f"version {version} is no longer kept by the learner") from None
+            raise
 
     async def report_installed(self, version: int, data: bytes) -> None:
         """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
@@ -481,6 +487,8 @@ class BroadcastClient:
                             await install(version, data)
                             self.installed_version = version
                             await self.report_installed(version, data)
+                        else:  # a newer one was installed first
+                            self.transfers.pop(version, None)
                     return
                 except (BroadcastError, VerificationError) as e:
                     logger.warning("version %d not installed: %s", version, e)
@@ -488,6 +496,9 @@ class BroadcastClient:
                 except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
                     logger.info("version %d: %r; retrying", version, e)
                     await _sleep_unless(stop, retry_s)
+                except Exception:  # e.g. the engine could not load it: keep the old version
+                    logger.exception("version %d could not be installed", version)
+                    return
 
         try:
             while not stop.is_set():
