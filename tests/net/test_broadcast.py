@@ -394,3 +394,35 @@ def test_relay_requires_the_token_and_a_valid_range():
             await relay.stop()
 
     bounded(scenario(), 20)
+
+
+def test_broadcast_only_worker_process():
+    """`python -m echo2.broadcast.relay` (what the broadcast bench runs per host) imports no torch,
+    registers as a relay, installs and reports a snapshot, and exits 0 on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    check = "import sys, echo2.broadcast.relay; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
+    server, state = start_coordinator(mode="chain", chains=1)
+    cmd = [sys.executable, "-m", "echo2.broadcast.relay", "--coordinator", server.url, "--token", TOKEN]
+    proc = subprocess.Popen([*cmd, "--name", "proc", "--inbound", "--relay-host", "127.0.0.1", "-q"])
+    try:
+        deadline = time.monotonic() + 60
+        while not state.workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (info,) = state.workers.values()
+        assert info.relay_url.startswith("http://127.0.0.1:")
+        publish(state, 0)
+        while info.worker_id not in state.bcast.installed_at.get(0, {}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert info.worker_id in state.bcast.installed_at[0] and 0 in state.t_bcast_all
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()

@@ -372,10 +372,11 @@ class BroadcastClient:
 
     async def report_installed(self, version: int, data: bytes) -> None:
         """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
         body = {
             "worker_id": self.worker_id,
             "version": version,
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "sha256": digest,
             "transfers": self.transfers.pop(version, [])[-256:],
         }
         await self._call("POST", f"{API}/broadcast/installed", body)
@@ -405,7 +406,8 @@ class BroadcastClient:
             if route["parent_id"] is None:  # the learner itself: do not hammer it
                 await asyncio.sleep(min(0.2 * 2**failures, 5.0))
             route = await self._route(version, (route["parent_id"], failed))
-        return self.store.assemble(version)
+        # Verified once more as a whole; hashing a large snapshot runs off the event loop (relays go on).
+        return await asyncio.to_thread(self.store.assemble, version)
 
     async def _stream(self, version: int, manifest: Manifest, route: dict, start: int) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
@@ -503,12 +505,12 @@ class BroadcastClient:
         try:
             while not stop.is_set():
                 try:
-                    latest = await self.wait_published(after=newest)
+                    latest = await _unless(stop, self.wait_published(after=newest))
                 except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
                     logger.debug("waiting for a version: %r", e)
                     await _sleep_unless(stop, retry_s)
                     continue
-                if latest > newest:
+                if latest is not None and latest > newest:
                     newest = latest
                     tasks[latest] = asyncio.create_task(receive(latest))
                 for v in [v for v, t in tasks.items() if t.done()]:
@@ -522,6 +524,19 @@ class BroadcastClient:
 def _chunk_len(manifest: Manifest, index: int) -> int:
     start, end = manifest.chunk_range(index)
     return end - start
+
+
+async def _unless(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
+    """The coroutine's result, or None if `stop` is set first (the coroutine is then cancelled)."""
+    task = asyncio.ensure_future(coro)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task.done() else None
+    finally:
+        for t in (task, stopped):
+            t.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
