@@ -392,22 +392,26 @@ class BroadcastClient:
         self.transfers.setdefault(version, [])
         route = await self._route(version)
         failures = 0
-        while (start := self.store.first_missing(version)) is not None:
+        while (start := self._first_missing(version)) is not None:
             try:
                 await self._stream(version, manifest, route, start)
-                continue
-            except _ParentFailed as err:
-                failed = err
-            failures += 1
-            self.failures.append((version, route["parent_id"], failed.reason))
-            logger.info("version %d: parent %s failed (%s)", version, route["parent_id"] or "learner", failed)
-            if failures > self.max_failures:
-                raise BroadcastError(f"version {version}: {failures} parents failed, last: {failed}")
-            if route["parent_id"] is None:  # the learner itself: do not hammer it
-                await asyncio.sleep(min(0.2 * 2**failures, 5.0))
-            route = await self._route(version, (route["parent_id"], failed))
+            except _ParentFailed as failed:
+                failures += 1
+                self.failures.append((version, route["parent_id"], failed.reason))
+                parent = route["parent_id"] or "learner"
+                logger.info("version %d: parent %s failed (%s)", version, parent, failed)
+                if failures > self.max_failures:
+                    raise BroadcastError(f"version {version}: {failures} parents failed") from failed
+                if route["parent_id"] is None:  # the learner itself: do not hammer it
+                    await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+                route = await self._route(version, (route["parent_id"], failed))
         # Verified once more as a whole; hashing a large snapshot runs off the event loop (relays go on).
         return await asyncio.to_thread(self.store.assemble, version)
+
+    def _first_missing(self, version: int) -> int | None:
+        if version not in self.store.manifests:
+            raise BroadcastError(f"version {version} was superseded while it was being received")
+        return self.store.first_missing(version)
 
     async def _stream(self, version: int, manifest: Manifest, route: dict, start: int) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
@@ -432,6 +436,7 @@ class BroadcastClient:
                         raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
                     data = await self._read(resp.content, length)
                     if not self.store.put(version, index, data):
+                        self._first_missing(version)  # dropped from the store: not the parent's fault
                         raise _ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
                     received += length
                     last_chunk = time.monotonic()
