@@ -1,0 +1,293 @@
+"""`echo2 simulate`: the chunk schedule against the chain formula, the simulated bubble ratio against
+the capacity model, determinism, fault recovery and scenario errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from echo2.broadcast.plan import PeerInfo, build_chains, build_star, chain_broadcast_time
+from echo2.cli import main
+from echo2.control import capacity
+from echo2.sim.broadcast import Transfer, fair_shares
+from echo2.sim.model import simulate
+from echo2.sim.report import metrics
+from echo2.sim.scenario import expand, load_tree, validate
+
+MIB = 2**20
+PAPER = sorted(Path(__file__).resolve().parents[2].joinpath("scenarios", "paper").glob("*.toml"))
+
+BASE = {
+    "seed": 1,
+    "steps": 40,
+    "learner": {"t_train": 100.0, "batch": 256, "group_size": 8, "staleness": 3, "snapshot_gb": 1.0},
+    "broadcast": {"topology": "star", "chunk_mib": 64.0},
+    "workers": [{"name": "w", "count": 4, "throughput": 0.5, "download_mbps": 200.0}],
+}
+
+
+def tree(**sections) -> dict:
+    out = copy.deepcopy(BASE)
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            out.setdefault(key, {}).update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def run(t: dict) -> dict:
+    return metrics(simulate(validate(t)))
+
+
+# ---------------------------------------------------------------------------- chunk schedule
+def test_chain_schedule_is_the_closed_form():
+    bw, c, k, d = 12.5e6, 8 * MIB, 40, 0.05  # 100 Mbps, 40 chunks of 8 MiB, 50 ms per hop
+    peers = [PeerInfo(worker_id=f"w{i}", score=50.0, inbound=True) for i in range(10)]
+    plan = build_chains(peers, 3)  # chains of 4, 3, 3
+    tr = Transfer(
+        plan=plan,
+        size_bytes=k * c,
+        chunk_bytes=c,
+        hop_delay_s=d,
+        uplink_bps=3 * bw,
+        link_cap=lambda s, r: bw,
+        t0=0.0,
+    )
+    for chain in plan.chains:
+        for hop, w in enumerate(chain, start=1):
+            assert tr.install_time(w) == pytest.approx(hop * d + (k + hop - 1) * c / bw, rel=1e-12)
+    last = max(tr.install_time(w) for w in plan.workers())
+    assert last == pytest.approx(chain_broadcast_time(10, 3, k * c, c, bw, d), rel=1e-12)
+
+
+def test_learner_uplink_is_shared_max_min_fair():
+    assert fair_shares(200.0, [50.0, 100.0, 100.0]) == [50.0, 75.0, 75.0]
+    assert fair_shares(math.inf, [10.0, 20.0]) == [10.0, 20.0]
+    tr = Transfer(
+        plan=build_star(["a", "b", "c"]),
+        size_bytes=300.0,
+        chunk_bytes=100.0,
+        hop_delay_s=0.0,
+        uplink_bps=200.0,
+        link_cap=lambda s, r: {"a": 50.0, "b": 100.0, "c": 100.0}[r],
+        t0=0.0,
+    )
+    assert [tr.install_time(w) for w in "abc"] == pytest.approx([6.0, 4.0, 4.0])
+
+
+def test_dropped_relay_stalls_its_tail_until_the_chain_is_rebuilt():
+    plan = build_chains(
+        [PeerInfo(worker_id=w, score=s, inbound=True) for w, s in (("a", 3), ("b", 2), ("c", 1))], 1
+    )
+    assert plan.chains == (("a", "b", "c"),)
+    tr = Transfer(
+        plan=plan,
+        size_bytes=100.0,
+        chunk_bytes=10.0,
+        hop_delay_s=0.0,
+        uplink_bps=10.0,
+        link_cap=lambda s, r: 10.0,
+        t0=0.0,
+    )
+    assert tr.install_time("c") == pytest.approx(12.0)
+    tr.drop("b", 5.0)  # c gets chunk k at k + 3: it holds chunks 0..2 when b vanishes
+    assert tr.install_time("c") == math.inf and tr.arrivals("c")[:3] == pytest.approx([3.0, 4.0, 5.0])
+    assert tr.reattach("b", 20.0) == "c"
+    assert tr.plan.chains == (("a", "c"),)
+    # c resumes from a (who has everything) at 20 s with the 7 chunks it lacks: done at 27 s.
+    assert tr.install_time("c") == pytest.approx(27.0)
+
+
+def test_slow_link_recompute_keeps_sent_bytes():
+    rate = {"a": 10.0}
+    tr = Transfer(
+        plan=build_star(["a"]), size_bytes=100.0, chunk_bytes=50.0, hop_delay_s=0.0, uplink_bps=math.inf,
+        link_cap=lambda s, r: rate[r], t0=0.0,
+    )  # fmt: skip
+    assert tr.install_time("a") == pytest.approx(10.0)
+    rate["a"] = 5.0
+    tr.recompute(2.5)  # 25 of the first 50 bytes sent; 75 left at 5 B/s
+    assert tr.install_time("a") == pytest.approx(2.5 + 75 / 5)
+
+
+# ---------------------------------------------------------------------------- closed forms
+def test_simulated_chain_broadcast_matches_the_formula():
+    # 10 workers, B0 = 300 Mbps, Bw = 100 Mbps: 3 chains of 4, 3, 3 hops; 40 chunks of 16 MiB.
+    t = tree(
+        steps=4,
+        learner={"snapshot_gb": 40 * 16 * MIB / 1e9, "staleness": 2},
+        broadcast={"topology": "chains", "uplink_mbps": 300.0, "chunk_mib": 16.0, "hop_delay_s": 0.05},
+        workers=[{"name": "w", "count": 10, "throughput": 0.5, "download_mbps": 100.0}],
+    )
+    m = run(t)
+    hops, bw, c = 4, 100e6 / 8, 16 * MIB
+    formula = hops * 0.05 + (40 + hops - 1) * c / bw
+    assert m["t_bcast_q100"] == pytest.approx(formula, rel=0.01)
+    assert m["t_bcast_formula"] == pytest.approx(formula, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("snapshot_gb", "workers", "staleness"),
+    [(1.0, 4, 3), (4.0, 4, 3), (4.0, 4, 2), (4.0, 3, 6), (1.0, 8, 3)],
+)
+def test_bubble_matches_the_capacity_model_when_rollouts_stop_during_broadcast(
+    snapshot_gb, workers, staleness
+):
+    """The capacity model's cycle (App. B.1) is exactly what happens when workers generate nothing
+    between a publication and their install, all at once (star, equal links, no jitter, no faults)."""
+    t = tree(
+        steps=60,
+        learner={"snapshot_gb": snapshot_gb, "staleness": staleness},
+        broadcast={"uplink_mbps": math.inf},
+        rollout={"keep_generating": False},
+        workers=[{"name": "w", "count": workers, "throughput": 0.5, "download_mbps": 200.0}],
+    )
+    m = run(t)
+    kappa = max(1, staleness - 1)
+    predicted = capacity.bubble_ratio(
+        kappa=kappa, t_train=100.0, t_bcast=m["t_bcast_q100"], batch=256, mu_pool=workers * 0.5
+    )
+    assert m["bubble_ratio"] == pytest.approx(predicted, rel=0.01, abs=1e-9)
+
+
+def test_bubble_matches_the_continuous_model_when_workers_keep_generating():
+    m = run(tree(steps=60, learner={"snapshot_gb": 1.0}, broadcast={"uplink_mbps": math.inf}))
+    predicted = capacity.bubble_ratio_continuous(
+        kappa=2, staleness=3, t_train=100.0, t_bcast=m["t_bcast_q100"], batch=256, mu_pool=2.0
+    )
+    assert predicted == pytest.approx(1 - 2.0 * 100 / 256)
+    assert m["bubble_ratio"] == pytest.approx(predicted, rel=0.01)
+    assert m["max_staleness"] <= 3 and m["dropped_stale"] == 0
+
+
+# ---------------------------------------------------------------------------- determinism, faults
+FAULTY = tree(
+    steps=16,
+    learner={"t_train": 100.0, "jitter": 0.2, "snapshot_gb": 2.0},
+    broadcast={
+        "topology": "chains",
+        "uplink_mbps": 300.0,
+        "chunk_mib": 32.0,
+        "hop_delay_s": 0.05,
+        "storage_mbps": 800.0,
+    },
+    workers=[{"name": "w", "count": 12, "throughput": 0.9, "jitter": 0.3, "download_mbps": 200.0}],
+    scheduler={"enabled": True, "gamma": 1.0, "sustain_s": 10.0, "window_s": 10.0},
+    rollout={"keep_generating": False},
+)
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    t = copy.deepcopy(FAULTY)
+    t["faults"] = [{"worker": "forwarder", "kind": "drop", "publication": 2, "offset_s": 20.0}]
+    a, b = run(t), run(t)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    t["seed"] = 2
+    assert run(t)["wait_per_step_series"] != a["wait_per_step_series"]
+
+
+FAULTS = {
+    "broadcast: forwarder slows": {"worker": "forwarder", "kind": "slow", "stage": "link", "publication": 3, "offset_s": 20.0, "duration_s": 60.0},
+    "broadcast: forwarder drops": {"worker": "forwarder", "kind": "drop", "publication": 3, "offset_s": 20.0},
+    "rollout: worker slows": {"worker": "tail", "kind": "slow", "stage": "rollout", "publication": 3, "offset_s": 120.0},
+    "rollout: worker drops": {"worker": "tail", "kind": "drop", "publication": 3, "offset_s": 120.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_each_fault_recovers(name):
+    t = copy.deepcopy(FAULTY)
+    t["learner"]["jitter"] = 0.0
+    t["workers"][0]["jitter"] = 0.0
+    t["faults"] = [FAULTS[name]]
+    sim = simulate(validate(t))
+    m = metrics(sim)
+    assert not m["stalled"] and m["steps"] == 16
+    (f,) = m["faults"]
+    assert f["throughput_drop"] > 0, "the fault had no effect"
+    assert f["recovery_s"] < 3 * 2 * 100.0, "mu_pool did not return to the target"
+    if FAULTS[name]["kind"] == "drop":
+        assert any(d["action"] == "activate" for d in m["scheduler_decisions"]), "no replacement"
+
+
+def test_permanently_slow_forwarder_stays_a_forwarder():
+    """The chain scores (log speed, stability) keep a forwarder at half speed ahead of untried
+    workers, so every later broadcast through it stays slow (docs/reproduction.md, Table 4)."""
+    t = copy.deepcopy(FAULTY)
+    t["learner"]["jitter"] = t["workers"][0]["jitter"] = 0.0
+    t["faults"] = [{"worker": "forwarder", "kind": "slow", "stage": "link", "publication": 2}]
+    sim = simulate(validate(t))
+    slow = sim.faults[0].worker
+    later = [p for p in sim.publications if p.time > sim.faults[0].time]
+    assert later and all(p.plan.child_of(slow) is not None for p in later)
+
+
+# ---------------------------------------------------------------------------- scenario files, CLI
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return str(path)
+
+
+SMALL = """
+steps = 6
+[learner]
+t_train = 10.0
+batch = 16
+group_size = 4
+staleness = 2
+snapshot_gb = 0.1
+[[workers]]
+name = "w"
+count = 3
+throughput = 2.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("[broadcast]\nuplink = 3\n", "broadcast.uplink"),
+        ("[[faults]]\nworker = 'nobody'\nkind = 'drop'\nat_s = 1.0\n", "faults.0.worker"),
+        ("[[faults]]\nworker = 'w-0'\nkind = 'drop'\n", "at_s"),
+        ("[sweep]\nx = 'workers.0.count'\nvalues = [1, 0]\n", "workers.0.count"),
+        ("[sweep]\n[[sweep.series]]\nset = { 'learner.batch' = 15 }\n", "learner.batch"),
+    ],
+)
+def test_bad_scenario_exits_2_naming_the_key(tmp_path, capsys, extra, key):
+    assert main(["simulate", write(tmp_path, SMALL + extra)]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_missing_file_and_bad_override_exit_2(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "nope.toml")]) == 2
+    assert "nope.toml" in capsys.readouterr().err
+    assert main(["simulate", write(tmp_path, SMALL), "--learner.staleness=-1"]) == 2
+    assert "learner.staleness" in capsys.readouterr().err
+
+
+def test_cli_json_and_timeline_plot(tmp_path, capsys):
+    out = tmp_path / "t.png"
+    assert main(["simulate", write(tmp_path, SMALL), "--json", "--plot", str(out), "--seed=3"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    for key in ("wait_per_step", "bubble_ratio", "t_bcast_q90", "t_bcast_q100", "staleness_histogram",
+                "rollout_throughput", "cost_per_step", "total_cost"):  # fmt: skip
+        assert key in m
+    assert m["seed"] == 3 and out.stat().st_size > 0
+
+
+def test_sweep_table_and_plot(tmp_path, capsys):
+    text = SMALL + "[sweep]\nx = 'workers.0.count'\nvalues = [1, 2]\nplan_threshold = true\n"
+    out = tmp_path / "s.png"
+    assert main(["simulate", write(tmp_path, text), "--plot", str(out)]) == 0
+    assert "echo2 plan threshold" in capsys.readouterr().out and out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.name)
+def test_paper_scenarios_validate(path):
+    assert expand(load_tree(path))
