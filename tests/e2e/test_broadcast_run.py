@@ -5,6 +5,7 @@ reports T_bcast (summary, per-step metrics)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,13 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
     seen = {}
 
     def on_ready(source) -> None:
+        """Start the workers and wait until both run version 0, so that training (which one fast
+        worker could feed alone) spans publications that both receive."""
         seen["source"] = source
         fleet.start(source)
+        deadline = time.monotonic() + 180
+        while len(source.state.bcast.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     try:
         summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
