@@ -135,6 +135,46 @@ def _parser() -> argparse.ArgumentParser:
         help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
     )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
+    bench = sub.add_parser("bench", help="benchmarks of echo2's parts").add_subparsers(
+        dest="bench", required=True
+    )
+    bb = bench.add_parser(
+        "broadcast",
+        help="time one snapshot broadcast to N worker processes over shaped links",
+        description="Snapshot broadcast (paper 5.5.1): N broadcast-only worker processes receive a "
+        "random M-MB snapshot over TCP, each in its own network namespace with tc TBF shaping its link "
+        "(the learner's at B0, each worker's at Bw); without namespaces, token buckets on 127.0.0.1. "
+        "Prints T_bcast at q = 0.9 and 1.0, the lower bound M/Bw and their ratio.",
+        epilog="example: echo2 bench broadcast --workers 32 --snapshot-mb 32 --uplink-mbps 400 "
+        "--worker-mbps 50 --mode chain --chunk-mb 0.25",
+    )
+    bb.add_argument("--workers", type=int, required=True, metavar="N", help="worker processes")
+    bb.add_argument(
+        "--snapshot-mb", type=float, required=True, metavar="M", help="snapshot size, MB (10^6 B)"
+    )
+    bb.add_argument("--uplink-mbps", type=float, required=True, metavar="B0", help="learner uplink, Mbit/s")
+    bb.add_argument(
+        "--worker-mbps", type=float, required=True, metavar="BW", help="each worker's link, Mbit/s"
+    )
+    bb.add_argument("--mode", default="chain", help="chain (N_ch = floor(B0/BW) relay chains) or star")
+    bb.add_argument(
+        "--chunk-mb",
+        type=float,
+        default=4.0,
+        metavar="C",
+        help="chunk size, MiB (default 4, as broadcast.chunk_mb)",
+    )
+    bb.add_argument(
+        "--loopback", action="store_true", help="use token buckets on 127.0.0.1 even if namespaces work"
+    )
+    bb.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SEC",
+        help="give up on a broadcast after SEC seconds (default 60 + 4x the model's time)",
+    )
+    bb.add_argument("--json", action="store_true", help="print one JSON object")
     from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
 
     add_simulate(sub)
@@ -167,6 +207,34 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.pool}: {validation_message(e)}") from None
     plan = make_plan(inp, pool)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
+    return 0
+
+
+def _bench_broadcast(args: argparse.Namespace) -> int:
+    import json
+
+    from echo2.bench.broadcast import BenchError, BenchSpec, check, render, run_bench
+
+    spec = BenchSpec(
+        workers=args.workers,
+        snapshot_mb=args.snapshot_mb,
+        uplink_mbps=args.uplink_mbps,
+        worker_mbps=args.worker_mbps,
+        mode=args.mode,
+        chunk_mb=args.chunk_mb,
+    )
+    try:
+        check(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout: must be > 0 (got {args.timeout})")
+    try:
+        summary = run_bench(spec, loopback=args.loopback, timeout=args.timeout)
+    except BenchError as e:
+        print(f"echo2 bench broadcast: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary) if args.json else render(summary))
     return 0
 
 
@@ -344,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
             from echo2.sim.cli import run as simulate
 
             return simulate(args, extra)
+        if args.command == "bench":
+            if extra:
+                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+            return _bench_broadcast(args)
         if args.command in ("worker", "plan"):
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")

@@ -1,0 +1,160 @@
+"""Benchmark: snapshot broadcast time T_bcast versus fleet size N, chain against star (paper 5.5.1,
+Figure 4), with real worker processes over TCP in shaped network namespaces.
+
+Runs `echo2 bench broadcast --json` once per (mode, N) and collects the reports; writes them as
+JSON and plots T_bcast(q = 0.9) (q = 1 as a thin line) versus N for chain and star beside the lower
+bound M / Bw and the star's fluid time N * M / B0. On a shared machine, `--quiet-below` waits (at
+most `--quiet-wait` seconds) before each point until the whole machine's CPU is mostly idle, and
+every row records how busy it was.
+
+    python bench/broadcast_sweep.py --workers 4 8 16 32 --snapshot-mb 3.2 --uplink-mbps 40 \\
+        --worker-mbps 5 --chunk-mb 0.015625 --json docs/bench/broadcast.json --plot docs/bench/broadcast.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import write_json
+
+
+def cpu_busy(seconds: float) -> float:
+    """Fraction of all CPUs busy over the next `seconds` (from /proc/stat)."""
+
+    def snap() -> tuple[float, float]:
+        f = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(f) - f[3] - f[4], sum(f)
+
+    b0, t0 = snap()
+    time.sleep(seconds)
+    b1, t1 = snap()
+    return (b1 - b0) / max(t1 - t0, 1e-9)
+
+
+def wait_quiet(threshold: float, max_wait: float) -> float:
+    """Wait until the machine is at most `threshold` busy over 5 s (or `max_wait` passed); returns
+    the last reading."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy = cpu_busy(5.0)
+        if busy <= threshold or time.monotonic() >= deadline:
+            return busy
+        print(f"  machine {100 * busy:.0f}% busy; waiting for <= {100 * threshold:.0f}%", flush=True)
+
+
+def one(args, mode: str, n: int) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "echo2.cli",
+        "bench",
+        "broadcast",
+        f"--workers={n}",
+        f"--snapshot-mb={args.snapshot_mb}",
+        f"--uplink-mbps={args.uplink_mbps}",
+        f"--worker-mbps={args.worker_mbps}",
+        f"--mode={mode}",
+        f"--chunk-mb={args.chunk_mb}",
+        "--json",
+    ]
+    if args.loopback:
+        cmd.append("--loopback")
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.stderr.strip():
+        print("  " + p.stderr.strip().replace("\n", "\n  "), flush=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}")
+    return json.loads(p.stdout)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for mode, color in (("chain", "tab:blue"), ("star", "tab:red")):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["workers"])
+        if not rs:
+            continue
+        ns = [r["workers"] for r in rs]
+        ax.plot(ns, [r["t_bcast_q90_s"] for r in rs], "o-", color=color, label=f"{mode}: T_bcast (q = 0.9)")
+        ax.plot(
+            ns, [r["t_bcast_q100_s"] for r in rs], "-", color=color, lw=0.8, alpha=0.6, label=f"{mode}: q = 1"
+        )
+    r0 = rows[0]
+    ns = sorted({r["workers"] for r in rows})
+    ax.plot(ns, [r0["lower_bound_s"]] * len(ns), "k--", lw=1, label="M / Bw (lower bound)")
+    ax.plot(ns, [r0["lower_bound_s"] * 1.10] * len(ns), ":", color="grey", lw=1, label="1.10 M / Bw")
+    ax.plot(
+        ns,
+        [n * r0["snapshot_mb"] * 8 / r0["uplink_mbps"] for n in ns],
+        "k:",
+        lw=1,
+        label="N M / B0 (star fluid)",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("T_bcast (s)")
+    ax.set_title(
+        f"M = {r0['snapshot_mb']:g} MB, Bw = {r0['worker_mbps']:g} Mbit/s, B0 = {r0['uplink_mbps']:g} Mbit/s, "
+        f"chunk {r0['chunk_mb'] * 1024:g} KiB",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[4, 8, 16, 32])
+    p.add_argument("--modes", nargs="+", default=["chain", "star"])
+    p.add_argument("--snapshot-mb", type=float, default=3.2)
+    p.add_argument("--uplink-mbps", type=float, default=40.0)
+    p.add_argument("--worker-mbps", type=float, default=5.0)
+    p.add_argument("--chunk-mb", type=float, default=1 / 64)
+    p.add_argument("--loopback", action="store_true", help="token buckets on 127.0.0.1 instead of namespaces")
+    p.add_argument(
+        "--quiet-below", type=float, default=None, metavar="FRACTION", help="wait for an idle machine"
+    )
+    p.add_argument("--quiet-wait", type=float, default=600.0, metavar="SEC")
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    args = p.parse_args()
+    rows = []
+    for mode in args.modes:
+        for n in args.workers:
+            busy_before = (
+                wait_quiet(args.quiet_below, args.quiet_wait)
+                if args.quiet_below is not None
+                else cpu_busy(2.0)
+            )
+            row = one(args, mode, n)
+            row["machine_busy_before"] = busy_before
+            row["loadavg_after"] = list(os.getloadavg())
+            print(
+                f"{mode:5s} N={n:3d}: T_bcast q=0.9 {row['t_bcast_q90_s']:6.2f} s  q=1 {row['t_bcast_q100_s']:6.2f} s"
+                f"  ratio {row['ratio_q90']:.3f}  (busy before {100 * busy_before:.0f}%, during "
+                f"{100 * row['cpu_busy']:.0f}%, bench {row['bench_cpu_cores']:.2f} cores)",
+                flush=True,
+            )
+            rows.append(row)
+    result = {"command": " ".join(sys.argv), "rows": rows}
+    write_json(args.json, result)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
