@@ -24,11 +24,16 @@ def add_parser(sub: Any) -> None:
         "simulate",
         help="what a deployment will cost and how busy the learner will be (discrete-event model)",
         description=DESCRIPTION,
-        epilog="example: echo2 simulate scenarios/paper/table2.toml --plot table2.png",
+        epilog="example: echo2 simulate scenarios/paper/table2-ablation.toml --series Full --plot full.png",
     )
     p.add_argument("scenario", metavar="SCENARIO.toml", help="scenario file (see docs/reproduction.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="OUT.png", help="timeline of one run, or the sweep's metrics against x")
+    p.add_argument(
+        "--series",
+        metavar="LABEL",
+        help="run only this series of the [sweep] (without sweep.x: one run, with its timeline)",
+    )
 
 
 def _json_safe(v: Any) -> Any:
@@ -42,13 +47,20 @@ def _json_safe(v: Any) -> Any:
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    from echo2.config import parse_overrides
+    from echo2.config import ConfigError, parse_overrides
     from echo2.sim.scenario import expand, load_tree, validate
 
     where = f"{args.scenario}: "
     tree = load_tree(args.scenario, parse_overrides(extra or []))
     base = validate(tree, where)
     points = expand(tree, where)
+    if args.series is not None:
+        labels = [s.label for s in base.sweep.series] if base.sweep else []
+        if args.series not in labels:
+            raise ConfigError(f"--series: {args.series!r} is not one of {labels}")
+        points = [p for p in points if p[0] == args.series]
+        if base.sweep is not None and base.sweep.x is None:
+            base = points[0][2]  # one run: reported as such, with a timeline
 
     from echo2.sim import report, sweep
 

@@ -135,8 +135,9 @@ class FaultRecord:
     time: float
     worker: str
     kind: str
-    stage: str
-    factor: float
+    stage: str | None
+    """What slowed ("link" or "rollout"); None for a drop."""
+    factor: float | None
 
 
 TARGET_QUANTILE = 0.9
@@ -685,8 +686,8 @@ class Simulation:
                 time=self.env.now,
                 worker=w.id,
                 kind=spec.kind,
-                stage=spec.stage,
-                factor=spec.factor,
+                stage=spec.stage if spec.kind == "slow" else None,
+                factor=spec.factor if spec.kind == "slow" else None,
             )
         )
         if not w.alive:

@@ -184,6 +184,8 @@ class SeriesSpec(_Section):
     """Legend label of this series."""
     set: dict[str, Any] = {}
     """Dotted keys (as on the command line) and their values for this series."""
+    paper: dict[str, float] = {}
+    """Published values of some metrics, shown beside the simulated ones (sweeps without x)."""
 
 
 class SweepSpec(_Section):

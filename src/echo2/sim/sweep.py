@@ -51,9 +51,14 @@ def plan_feasible(sc: Scenario, m: dict[str, Any]) -> bool | None:
 
 def run_sweep(points: list[tuple[str, float | None, Scenario]], sweep: SweepSpec) -> dict[str, Any]:
     rows = []
+    paper = {s.label: s.paper for s in sweep.series}
     for label, x, sc in points:
         m = run_point(sc)
+        for per_step in ("wait_per_step_series", "train_per_step_series"):
+            m.pop(per_step, None)  # a sweep reports the summary of each point
         row = {"series": label, "x": x, **m}
+        if paper.get(label) and x is None:
+            row["paper"] = paper[label]
         if sweep.plan_threshold:
             row["plan_feasible"] = plan_feasible(sc, m)
         if sc.workers:
@@ -80,10 +85,14 @@ def _cell(v: Any) -> str:
 
 def render_sweep(result: dict[str, Any]) -> str:
     cols = (["x"] if result["x"] else []) + list(result["metrics"])
+    note = any(r.get("paper") for r in result["rows"])
     lines = ["| series | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for r in result["rows"]:
-        cells = [_cell(r.get(c)) for c in cols]
+        paper = r.get("paper", {})
+        cells = [_cell(r.get(c)) + (f" ({_cell(paper[c])})" if c in paper else "") for c in cols]
         lines.append(f"| {r['series']} | " + " | ".join(cells) + " |")
+    if note:
+        lines += ["", "(in parentheses: the paper's value)"]
     if "plan_threshold" in result:
         lines.append("")
         for label, x in result["plan_threshold"].items():
@@ -98,10 +107,18 @@ def plot_sweep(result: dict[str, Any], sweep: SweepSpec, path: str, title: str =
     import matplotlib.pyplot as plt
 
     metrics_ = sweep.metrics
-    fig, axes = plt.subplots(len(metrics_), 1, figsize=(7.5, 3.4 * len(metrics_)), squeeze=False)
     rows = result["rows"]
     labels = list(dict.fromkeys(r["series"] for r in rows))
-    for ax, metric in zip(axes[:, 0], metrics_, strict=True):
+    if result["x"]:
+        fig, grid = plt.subplots(len(metrics_), 1, figsize=(7.5, 3.4 * len(metrics_)), squeeze=False)
+    else:
+        ncols = min(3, len(metrics_))
+        nrows = math.ceil(len(metrics_) / ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.6 * nrows), squeeze=False)
+        for ax in grid.flat[len(metrics_) :]:
+            ax.set_visible(False)
+    axes = grid.reshape(-1, 1)
+    for ax, metric in zip(axes[:, 0], metrics_, strict=False):
         for i, label in enumerate(labels):
             pts = [r for r in rows if r["series"] == label]
             color = f"C{i % 10}"
@@ -114,9 +131,26 @@ def plot_sweep(result: dict[str, Any], sweep: SweepSpec, path: str, title: str =
                     ax.axvline(thr, color=color, ls=":", lw=1.2)
             else:
                 v = pts[0].get(metric)
-                ax.bar(i, v if v is not None else 0.0, color=color)
+                paper = pts[0].get("paper", {}).get(metric)
+                width = 0.4 if any(r.get("paper", {}).get(metric) is not None for r in rows) else 0.8
+                ax.bar(
+                    i,
+                    v if v is not None else 0.0,
+                    width=width,
+                    color=color,
+                    label="simulated" if i == 0 else None,
+                )
+                if paper is not None:
+                    ax.bar(i + width, paper, width=width, color="0.75", hatch="//", edgecolor="0.4",
+                           label="paper" if not ax.get_legend_handles_labels()[1].count("paper") else None)  # fmt: skip
         if not result["x"]:
-            ax.set_xticks(range(len(labels)), labels, rotation=15, fontsize=8)
+            with_paper = any(r.get("paper", {}).get(metric) is not None for r in rows)
+            shift = 0.2 if with_paper else 0.0
+            ax.set_xticks(
+                [i + shift for i in range(len(labels))], labels, rotation=20, fontsize=7, ha="right"
+            )
+            if with_paper:
+                ax.legend(fontsize=7)
         else:
             ax.set_xlabel(result["x"])
         if sweep.lower_bound and metric.startswith("t_bcast"):
