@@ -83,17 +83,16 @@ def fault_effects(sim: Simulation, horizon_s: float) -> list[dict[str, Any]]:
         before = _value_before(ts, vs, f.time)
         target = step_value(sim.targets, f.time, default=before) if sim.targets else before
         lo, hi = f.time, min(f.time + horizon_s, sim.end_time)
-        i0 = max(0, bisect.bisect_right(ts, lo) - 1)
-        i1 = bisect.bisect_right(ts, hi)
-        window = list(zip(ts[i0:i1], vs[i0:i1], strict=True))
+        # every moment mu_pool or the target changes
+        points = sorted({lo} | {t for t in ts if lo < t < hi} | {t for t, _ in sim.targets if lo < t < hi})
+        window = [(t, step_value(list(zip(ts, vs, strict=True)), t, default=before)) for t in points]
         low = min(v for _, v in window) if window else before
-        recovered_at = lo
+        recovered_at: float | None = lo
         for k, (t, v) in enumerate(window):
             # back when mu_pool reaches the scheduler's target of the moment (or its old level)
             now_target = step_value(sim.targets, t, default=before) if sim.targets else before
             if v < min(now_target, before) * (1 - 1e-9):
-                nxt = window[k + 1][0] if k + 1 < len(window) else hi
-                recovered_at = max(recovered_at, nxt)
+                recovered_at = window[k + 1][0] if k + 1 < len(window) else None  # still down
         out.append(
             {
                 "time": f.time,
@@ -104,7 +103,7 @@ def fault_effects(sim: Simulation, horizon_s: float) -> list[dict[str, Any]]:
                 "mu_pool_before": before,
                 "mu_target": target,
                 "throughput_drop": 1 - low / before if before > 0 else 0.0,
-                "recovery_s": recovered_at - f.time,
+                "recovery_s": None if recovered_at is None else recovered_at - f.time,
             }
         )
     return out
@@ -196,7 +195,8 @@ def metrics(sim: Simulation) -> dict[str, Any]:
         hit = max((s.step for s in steps if s.requested <= first), default=0)
         out["fault_steps"] = [hit, min(len(steps), hit + 2 * kappa)]
         out["throughput_drop"] = max(f["throughput_drop"] for f in out["faults"])
-        out["recovery_s"] = max(f["recovery_s"] for f in out["faults"])
+        recoveries = [f["recovery_s"] for f in out["faults"]]
+        out["recovery_s"] = None if None in recoveries else max(recoveries)
     return out
 
 
@@ -261,7 +261,11 @@ def render(m: dict[str, Any]) -> str:
         what = f"{f['kind']} {f['stage']} x{f['factor']}" if f["kind"] == "slow" else "drop"
         lines.append(
             f"fault at {f['time']:.0f} s: {f['worker']} {what}: throughput drop {f['throughput_drop']:.2%}, "
-            f"recovery {f['recovery_s']:.0f} s"
+            + (
+                "no recovery within the run"
+                if f["recovery_s"] is None
+                else f"recovery {f['recovery_s']:.0f} s"
+            )
         )
     return "\n".join(lines)
 
