@@ -61,6 +61,7 @@ def one(args, mode: str, n: int) -> dict:
         f"--worker-mbps={args.worker_mbps}",
         f"--mode={mode}",
         f"--chunk-mb={args.chunk_mb}",
+        f"--pace={args.pace}",
         "--json",
     ]
     if args.loopback:
@@ -124,6 +125,7 @@ def main() -> None:
     p.add_argument("--uplink-mbps", type=float, default=40.0)
     p.add_argument("--worker-mbps", type=float, default=5.0)
     p.add_argument("--chunk-mb", type=float, default=1 / 64)
+    p.add_argument("--pace", type=float, default=0.95, help="echo2 bench broadcast --pace")
     p.add_argument("--loopback", action="store_true", help="token buckets on 127.0.0.1 instead of namespaces")
     p.add_argument(
         "--quiet-below", type=float, default=None, metavar="FRACTION", help="wait for an idle machine"

@@ -165,6 +165,14 @@ def _parser() -> argparse.ArgumentParser:
         help="chunk size, MiB (default 4, as broadcast.chunk_mb)",
     )
     bb.add_argument(
+        "--pace",
+        type=float,
+        default=0.95,
+        metavar="F",
+        help="with namespaces: the learner's and relays' own upload caps as a fraction of the shaped "
+        "rates (default 0.95, just under TCP's goodput; 0: none)",
+    )
+    bb.add_argument(
         "--loopback", action="store_true", help="use token buckets on 127.0.0.1 even if namespaces work"
     )
     bb.add_argument(
@@ -222,6 +230,7 @@ def _bench_broadcast(args: argparse.Namespace) -> int:
         worker_mbps=args.worker_mbps,
         mode=args.mode,
         chunk_mb=args.chunk_mb,
+        pace=args.pace,
     )
     try:
         check(spec)

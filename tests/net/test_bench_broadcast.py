@@ -84,6 +84,7 @@ def test_htb_uplink_has_a_class_and_filter_per_worker():
         ("worker_mbps", float("nan"), "--worker-mbps"),
         ("chunk_mb", 0.0, "--chunk-mb"),
         ("mode", "tree", "--mode"),
+        ("pace", -0.1, "--pace"),
     ],
 )
 def test_check_names_the_flag(field, value, flag):
@@ -110,6 +111,7 @@ GOOD = {"--workers": "2", "--snapshot-mb": "1", "--uplink-mbps": "8", "--worker-
         ("--mode", "ring"),
         ("--chunk-mb", "0"),
         ("--timeout", "0"),
+        ("--pace", "1.5"),
     ],
 )
 def test_bad_flags_exit_2(flag, value, capsys):

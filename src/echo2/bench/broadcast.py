@@ -1,25 +1,38 @@
 """`echo2 bench broadcast`: time one snapshot broadcast to N real worker processes (paper 5.5.1,
-Figure 4) over TCP, each worker in its own network namespace with tc TBF shaping its link.
+Figure 4) over TCP, each worker in its own network namespace with tc shaping its link.
 
 What runs (`run_bench`):
 
 * a **learner process** (`python -m echo2.bench.broadcast`, `learner_main`): a coordinator without a
   model (a state with a dummy replay buffer), listening on the learner host's address. It waits for
-  the N workers to register, publishes a small random warm-up version and waits until every worker
-  installed it, then publishes a random M-MB snapshot and waits (bounded) until every worker
-  reported installing it. T_bcast at q = 0.9 and q = 1 is the coordinator's own measurement, from
-  publication to install report (control/broadcast.py). It prints one JSON line and exits.
+  the N workers to register, publishes a small random warm-up version (an eighth of M) and waits
+  until every worker installed it, then publishes a random M-MB snapshot and waits (bounded) until
+  every worker reported installing it. T_bcast at q = 0.9 and q = 1 is the coordinator's own
+  measurement, from publication to install report (control/broadcast.py). It prints one JSON line
+  and exits.
 * **N broadcast-only workers** (`python -m echo2.broadcast.relay --inbound`): each registers as a
   relay, follows the published versions, receives each from the parent the coordinator names,
   relays it to its child while receiving, and reports the install.
 
-Shaping. With network namespaces (`ShapedNetwork.available()`: root, iproute2, a kernel with TBF),
-the learner is the network's learner host, its link shaped at B0 in both directions, and worker i
-is host i, shaped at Bw in both directions; no process paces itself. TBF counts wire bytes, so TCP
-goodput is about 0.96 of the cap (see echo2.bench.netns): the best a worker can do is
-M / (0.96 Bw). Without namespaces (or with `--loopback`) everything runs on 127.0.0.1 and the
-caps are the in-process token buckets instead (the coordinator's uplink bucket at B0, each
-worker's upload and download buckets at Bw), which count payload bytes.
+Shaping with network namespaces (`ShapedNetwork.available()`: root, iproute2, a kernel with TBF and
+HTB). The learner is the network's learner host and worker i is host i. Each worker's link is
+shaped at Bw in both directions by TBF (echo2.bench.netns). The learner's link is shaped at B0 in
+both directions; its upload by HTB with one class (and queue) per worker under the B0 cap, so the
+streams share the uplink fairly, as the coordinator's token bucket shares it in-process (a TBF has
+a single FIFO, and this kernel has no fq_codel or sfq to put under it). The shapers count wire
+bytes, so TCP goodput is about 0.96 of a cap (echo2.bench.netns): the best a worker can do is
+M / (0.96 Bw); the lower bound reported is M / Bw all the same.
+
+On top, the system paces itself, as the paper's learner streams to each seed "at rate Bw": the
+coordinator's uplink bucket (broadcast.uplink_mbps) at `pace` x B0 and each relay's upload bucket
+(worker_upload_mbps) at `pace` x Bw, by default 0.95, just under the goodput of the links. With
+`pace` 0 only TCP meets the shapers: its start-up overshoots their short queues, drops and
+retransmission timeouts follow, and a stalled relay delays every worker below it for good (links
+of equal rate cannot catch up), which costs several percent at N = 32 (docs/benchmarks.md).
+
+Without namespaces (or with `--loopback`) everything runs on 127.0.0.1 and the links are the
+in-process token buckets (the coordinator's uplink bucket at B0, each worker's upload and download
+buckets at Bw), which count payload bytes.
 
 The plan. Chain mode lays the workers out as N_ch = floor(B0 / Bw) chains from the configured
 budgets: the rates the warm-up measured are forgotten before the measured publication, so the
@@ -37,6 +50,7 @@ import json
 import math
 import os
 import queue
+import re
 import secrets
 import signal
 import subprocess
@@ -63,6 +77,8 @@ MIB = 2**20
 DEFAULT_CHUNK_MB = 4.0
 """broadcast.chunk_mb's default (echo2.config.BroadcastConfig)."""
 TBF_GOODPUT = 0.96
+DEFAULT_PACE = 0.95
+"""Just under TBF_GOODPUT: the processes never queue more than their buckets' burst at a shaper."""
 """TCP goodput / TBF cap measured on this kind of machine (echo2.bench.netns docstring)."""
 PROGRESS_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
@@ -82,6 +98,10 @@ class BenchSpec:
     mode: str = "chain"
     chunk_mb: float = DEFAULT_CHUNK_MB
     """Chunk size in MiB."""
+    pace: float = DEFAULT_PACE
+    """With namespaces: the learner's and the relays' own upload caps (the in-process token buckets
+    of broadcast.uplink_mbps and worker_upload_mbps) as a fraction of the shaped rates; 0: none
+    (TCP alone against the tc shapers). Without namespaces the buckets are the links (1.0)."""
 
     @property
     def snapshot_bytes(self) -> int:
@@ -121,6 +141,8 @@ def check(spec: BenchSpec) -> None:
     ):
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
             raise ValueError(f"{flag}: must be a number > 0 (got {value})")
+    if not (isinstance(spec.pace, int | float) and 0 <= spec.pace <= 1):
+        raise ValueError(f"--pace: must be in [0, 1] (got {spec.pace})")
     if spec.mode not in ("chain", "star"):
         raise ValueError(f"--mode: must be 'chain' or 'star' (got {spec.mode!r})")
     if spec.snapshot_bytes < 1:
@@ -161,7 +183,12 @@ def summarize(spec: BenchSpec, measured: dict[str, Any], *, backend: str, reason
     out: dict[str, Any] = {
         **asdict(spec),
         "backend": backend,
-        "shaping": "tc tbf per namespace link" if backend == "netns" else "in-process token buckets",
+        "shaping": (
+            "tc per namespace link (TBF; HTB on the learner's uplink)"
+            if backend == "netns"
+            else "in-process token buckets on 127.0.0.1"
+        ),
+        "pace": spec.pace if backend == "netns" else None,
         "goodput_factor": TBF_GOODPUT if backend == "netns" else 1.0,
         **exp,
         "t_bcast_q90_s": t90,
@@ -205,9 +232,14 @@ def render(s: dict[str, Any]) -> str:
         f"   star formula: {sec(s['star_formula_s'])}",
     ]
     if s["backend"] == "netns":
+        paced = (
+            f"the learner and relays pace themselves at {s['pace']:g}x the shaped rates"
+            if s["pace"]
+            else "no pacing in the processes"
+        )
         lines.append(
-            f"  (TBF counts wire bytes: TCP goodput is about {TBF_GOODPUT:g}x the cap, so the best "
-            f"reachable is M/({TBF_GOODPUT:g} Bw) = {sec(s['lower_bound_s'] / TBF_GOODPUT)})"
+            f"  (tc counts wire bytes: TCP goodput is about {TBF_GOODPUT:g}x the cap, so the best "
+            f"reachable is M/({TBF_GOODPUT:g} Bw) = {sec(s['lower_bound_s'] / TBF_GOODPUT)}; {paced})"
         )
     if s.get("cpu_busy") is not None:
         lines.append(
@@ -299,6 +331,24 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             "worker_download_mbps": None,
         }
     }
+    streamed: dict[tuple[str, int], float] = {}
+    """(worker id, version) -> seconds its chunk streams took (from its install report)."""
+    report_installed = state.report_installed
+
+    def record(worker_id: str, version: int, sha256: str, transfers: list) -> None:
+        streamed[(worker_id, version)] = sum(t[2] for t in transfers)
+        report_installed(worker_id, version, sha256, transfers)
+
+    state.report_installed = record  # type: ignore[method-assign]
+    routed: dict[tuple[str, int], float] = {}
+    """(worker id, version) -> when it first asked for its parent."""
+    route = state.route
+
+    def record_route(worker_id: str, version: int):
+        routed.setdefault((worker_id, version), time.monotonic())
+        return route(worker_id, version)
+
+    state.route = record_route  # type: ignore[method-assign]
     server = Coordinator(
         state, token=token, run_info=run_info, heartbeat_interval=HEARTBEAT_S, uplink_bps=args.uplink_cap_bps
     )
@@ -341,6 +391,15 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     "t_bcast_q100_s": bc.t_bcast[1.0].get(version),
                     "installed": len(got),
                     "install_delays_s": sorted(round(at - t0_pub, 4) for at in got.values()),
+                    "install_by_worker_s": {names.get(w, w): round(at - t0_pub, 4) for w, at in got.items()},
+                    "routed_by_worker_s": {
+                        names.get(w, w): round(at - t0_pub, 4)
+                        for (w, v), at in routed.items()
+                        if v == version
+                    },
+                    "streaming_by_worker_s": {
+                        names.get(w, w): round(streamed[(w, v)], 4) for (w, v) in streamed if v == version
+                    },
                     "chains": [[names.get(w, w) for w in c] for c in plan.chains] if plan else [],
                     "learner_mb_sent": (bc.bytes_served - sent0) / MB,
                     "parent_failures": dict(bc.failures),
@@ -384,8 +443,8 @@ class BenchError(RuntimeError):
 
 
 def warmup_bytes(spec: BenchSpec) -> int:
-    """The warm-up version: a quarter of M, at least one chunk, at most M."""
-    return min(spec.snapshot_bytes, max(spec.chunk_bytes, spec.snapshot_bytes // 4))
+    """The warm-up version: an eighth of M, at least one chunk, at most M."""
+    return min(spec.snapshot_bytes, max(spec.chunk_bytes, spec.snapshot_bytes // 8))
 
 
 def broadcast_timeout(spec: BenchSpec) -> float:
@@ -521,6 +580,44 @@ def htb_uplink_commands(netns: str, dev: str, mbps: float, dest_ips: Sequence[st
     return cmds
 
 
+def _counters(text: str) -> dict[str, int]:
+    """`Prefix: name name ...` / `Prefix: value value ...` line pairs (/proc/net/snmp, netstat)."""
+    out: dict[str, int] = {}
+    lines = text.splitlines()
+    for head, vals in zip(lines[::2], lines[1::2], strict=False):
+        prefix, _, names = head.partition(":")
+        for name, val in zip(names.split(), vals.partition(":")[2].split(), strict=False):
+            with contextlib.suppress(ValueError):
+                out[f"{prefix}.{name}"] = int(val)
+    return out
+
+
+def net_stats(net: Any) -> dict[str, int]:
+    """Totals over the shaped network's hosts (whole run, warm-up included): TCP segments
+    retransmitted, retransmission timeouts, tail-loss probes, and packets the shapers dropped."""
+    totals = {"retrans_segs": 0, "tcp_timeouts": 0, "loss_probes": 0, "qdisc_drops": 0}
+    keys = {
+        "retrans_segs": "Tcp.RetransSegs",
+        "tcp_timeouts": "TcpExt.TCPTimeouts",
+        "loss_probes": "TcpExt.TCPLossProbes",
+    }
+    for h in net.all_hosts():
+        try:
+            p = h.run(["cat", "/proc/net/snmp", "/proc/net/netstat"], timeout=10)
+            c = _counters(p.stdout)
+            for k, name in keys.items():
+                totals[k] += c.get(name, 0)
+            for argv in (
+                ["tc", "-s", "-n", h.netns, "qdisc", "show", "dev", "eth0"],
+                ["tc", "-s", "qdisc", "show", "dev", h.veth],
+            ):
+                out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+                totals["qdisc_drops"] += sum(int(x) for x in re.findall(r"dropped (\d+)", out))
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return totals
+
+
 def run_bench(
     spec: BenchSpec,
     *,
@@ -571,10 +668,14 @@ def run_bench(
                         raise BenchError(f"{' '.join(cmd)}: {(p.stderr or p.stdout).strip()}")
                 setup_s = time.monotonic() - t_start
 
+                # the system's own caps (broadcast.uplink_mbps, worker_upload_mbps), if any
+                extra_l = [f"--uplink-cap-bps={spec.uplink_bps * spec.pace}"] if spec.pace else []
+                extra_w = [f"--upload-mbps={spec.worker_mbps * spec.pace}"] if spec.pace else []
+
                 def start_learner() -> subprocess.Popen:
                     with (logs / "learner.log").open("w") as err:
                         return net.learner.popen(
-                            net.learner.python(*learner_args, f"--host={net.learner_ip}"),
+                            net.learner.python(*learner_args, *extra_l, f"--host={net.learner_ip}"),
                             env=env,
                             stdout=subprocess.PIPE,
                             stderr=err,
@@ -585,7 +686,7 @@ def run_bench(
                     h = net.host(i)
                     with (logs / f"w{i}.log").open("w") as err:
                         return h.popen(
-                            h.python(*_worker_args(url, i, "0.0.0.0")),
+                            h.python(*_worker_args(url, i, "0.0.0.0"), *extra_w),
                             env=env,
                             stdout=subprocess.DEVNULL,
                             stderr=err,
@@ -594,6 +695,7 @@ def run_bench(
                 measured = _drive(
                     spec, start_learner, start_worker, register_timeout + 2 * timeout, logs, stop=None
                 )
+                measured["net_stats"] = net_stats(net)
             backend = "netns"
         else:
             learner_args.append(f"--uplink-cap-bps={spec.uplink_bps}")
