@@ -48,6 +48,11 @@ class Scheduler:
     _above_since: float | None = field(default=None, init=False)
     _lost_seen: set[str] = field(default_factory=set, init=False)
 
+    @property
+    def pending(self) -> bool:
+        """A deviation from the target is being timed (a decision may come without any change)."""
+        return self._below_since is not None or self._above_since is not None
+
     def decide(self, workers: list[WorkerView], *, target: float, now: float) -> list[Decision]:
         active = [w for w in workers if w.role is Role.ACTIVE]
         standby = sorted((w for w in workers if w.role is Role.STANDBY), key=lambda w: (w.rho, w.worker_id))

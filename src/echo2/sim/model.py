@@ -496,9 +496,7 @@ class Simulation:
                 self.stalled = True  # nobody left to produce or to activate
                 return
             # The policy's answer only changes with its inputs, or while a deviation is sustained.
-            pending = self.scheduler is None or (
-                self.scheduler._below_since is not None or self.scheduler._above_since is not None
-            )
+            pending = self.scheduler is None or (self.scheduler.pending)
             if (state, target) == last and not pending:
                 continue
             last = (state, target)
