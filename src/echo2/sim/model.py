@@ -496,7 +496,7 @@ class Simulation:
                 self.stalled = True  # nobody left to produce or to activate
                 return
             # The policy's answer only changes with its inputs, or while a deviation is sustained.
-            pending = self.scheduler is None or (self.scheduler.pending)
+            pending = self.scheduler is None or self.scheduler.pending
             if (state, target) == last and not pending:
                 continue
             last = (state, target)
