@@ -75,25 +75,30 @@ def one(args, mode: str, n: int) -> dict:
 
 
 def plot(rows: list[dict], path: str) -> None:
+    """Left: T_bcast versus N beside M / Bw and N * M / B0. Right: T_bcast / (M / Bw) with the
+    1.10 target and the best TCP can do through the shapers, 1 / 0.96."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ns = sorted({r["workers"] for r in rows})
+    r0 = rows[0]
     for mode, color in (("chain", "tab:blue"), ("star", "tab:red")):
         rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["workers"])
         if not rs:
             continue
-        ns = [r["workers"] for r in rs]
-        ax.plot(ns, [r["t_bcast_q90_s"] for r in rs], "o-", color=color, label=f"{mode}: T_bcast (q = 0.9)")
+        x = [r["workers"] for r in rs]
+        ax.plot(x, [r["t_bcast_q90_s"] for r in rs], "o-", color=color, label=f"{mode}: T_bcast (q = 0.9)")
         ax.plot(
-            ns, [r["t_bcast_q100_s"] for r in rs], "-", color=color, lw=0.8, alpha=0.6, label=f"{mode}: q = 1"
+            x, [r["t_bcast_q100_s"] for r in rs], "-", color=color, lw=0.8, alpha=0.6, label=f"{mode}: q = 1"
         )
-    r0 = rows[0]
-    ns = sorted({r["workers"] for r in rows})
+        ax2.plot(x, [r["ratio_q90"] for r in rs], "o-", color=color, label=f"{mode}: q = 0.9")
+        ax2.plot(
+            x, [r["ratio_q100"] for r in rs], "-", color=color, lw=0.8, alpha=0.6, label=f"{mode}: q = 1"
+        )
     ax.plot(ns, [r0["lower_bound_s"]] * len(ns), "k--", lw=1, label="M / Bw (lower bound)")
-    ax.plot(ns, [r0["lower_bound_s"] * 1.10] * len(ns), ":", color="grey", lw=1, label="1.10 M / Bw")
     ax.plot(
         ns,
         [n * r0["snapshot_mb"] * 8 / r0["uplink_mbps"] for n in ns],
@@ -101,20 +106,28 @@ def plot(rows: list[dict], path: str) -> None:
         lw=1,
         label="N M / B0 (star fluid)",
     )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ns, [str(n) for n in ns])
-    ax.set_xlabel("workers N")
+    ax2.axhline(1.10, color="grey", ls="--", lw=1, label="target 1.10")
+    ax2.axhline(1 / r0["goodput_factor"], color="grey", ls=":", lw=1, label="1 / TCP goodput through tc")
+    if r0.get("pace"):
+        ax2.axhline(1 / r0["pace"], color="tab:green", ls=":", lw=1, label=f"1 / pace ({r0['pace']:g})")
+    ax2.axhline(1.0, color="k", ls="--", lw=1, label="M / Bw")
+    ax2.set_ylim(0.95, 1.3)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(ns, [str(n) for n in ns])
+        a.set_xlabel("workers N")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
     ax.set_ylabel("T_bcast (s)")
-    ax.set_title(
-        f"M = {r0['snapshot_mb']:g} MB, Bw = {r0['worker_mbps']:g} Mbit/s, B0 = {r0['uplink_mbps']:g} Mbit/s, "
-        f"chunk {r0['chunk_mb'] * 1024:g} KiB",
+    ax2.set_ylabel("T_bcast / (M / Bw)")
+    fig.suptitle(
+        f"snapshot broadcast: M = {r0['snapshot_mb']:g} MB, Bw = {r0['worker_mbps']:g} Mbit/s, "
+        f"B0 = {r0['uplink_mbps']:g} Mbit/s, chunk {r0['chunk_mb'] * 1024:g} KiB, {r0['backend']}",
         fontsize=9,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -133,7 +146,11 @@ def main() -> None:
     p.add_argument("--quiet-wait", type=float, default=600.0, metavar="SEC")
     p.add_argument("--json")
     p.add_argument("--plot")
+    p.add_argument("--replot", metavar="JSON", help="only draw --plot from a sweep's JSON")
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text())["rows"], args.plot)
+        return
     rows = []
     for mode in args.modes:
         for n in args.workers:
