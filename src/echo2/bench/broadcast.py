@@ -77,9 +77,9 @@ MIB = 2**20
 DEFAULT_CHUNK_MB = 4.0
 """broadcast.chunk_mb's default (echo2.config.BroadcastConfig)."""
 TBF_GOODPUT = 0.96
+"""TCP goodput / TBF cap measured on this kind of machine (echo2.bench.netns docstring)."""
 DEFAULT_PACE = 0.95
 """Just under TBF_GOODPUT: the processes never queue more than their buckets' burst at a shaper."""
-"""TCP goodput / TBF cap measured on this kind of machine (echo2.bench.netns docstring)."""
 PROGRESS_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
 
@@ -331,6 +331,8 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             "worker_download_mbps": None,
         }
     }
+    # Diagnostics, wrapped around the state's own calls (the coordinator calls them on this object):
+    # when each worker asked for its parent, and how long its chunk streams took.
     streamed: dict[tuple[str, int], float] = {}
     """(worker id, version) -> seconds its chunk streams took (from its install report)."""
     report_installed = state.report_installed
@@ -493,91 +495,23 @@ def htb_uplink_commands(netns: str, dev: str, mbps: float, dest_ips: Sequence[st
     rate_bytes = mbps * 1e6 / 8
     burst = max(MIN_BURST, int(rate_bytes * BURST_TIME))
     limit = max(MIN_LIMIT, burst + int(rate_bytes * QUEUE_TIME))
-    bits = f"{int(round(mbps * 1e6))}bit"
+    cap = f"{int(round(mbps * 1e6))}bit"
     share = f"{max(1, int(mbps * 1e6 / max(1, len(dest_ips))))}bit"
-    tc = ["tc", "-n", netns]
-    b = ["burst", str(burst), "cburst", str(burst), "quantum", "65536"]
-    cmds = [
-        [*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "2"],
-        [
-            *tc,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:1",
-            "htb",
-            "rate",
-            bits,
-            "ceil",
-            bits,
-            *b,
-        ],
-        [
-            *tc,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:1",
-            "classid",
-            "1:2",
-            "htb",
-            "rate",
-            share,
-            "ceil",
-            bits,
-            *b,
-        ],
-        [*tc, "qdisc", "add", "dev", dev, "parent", "1:2", "bfifo", "limit", str(limit)],
+    buckets = f"burst {burst} cburst {burst} quantum 65536"
+    lines = [
+        f"qdisc replace dev {dev} root handle 1: htb default 2",
+        f"class add dev {dev} parent 1: classid 1:1 htb rate {cap} ceil {cap} {buckets}",
+        f"class add dev {dev} parent 1:1 classid 1:2 htb rate {share} ceil {cap} {buckets}",
+        f"qdisc add dev {dev} parent 1:2 bfifo limit {limit}",
     ]
     for i, ip in enumerate(dest_ips):
         cls = f"1:{i + 16:x}"
-        cmds += [
-            [
-                *tc,
-                "class",
-                "add",
-                "dev",
-                dev,
-                "parent",
-                "1:1",
-                "classid",
-                cls,
-                "htb",
-                "rate",
-                share,
-                "ceil",
-                bits,
-                *b,
-            ],
-            [*tc, "qdisc", "add", "dev", dev, "parent", cls, "bfifo", "limit", str(limit)],
-            [
-                *tc,
-                "filter",
-                "add",
-                "dev",
-                dev,
-                "parent",
-                "1:",
-                "protocol",
-                "ip",
-                "prio",
-                "1",
-                "u32",
-                "match",
-                "ip",
-                "dst",
-                f"{ip}/32",
-                "flowid",
-                cls,
-            ],
+        lines += [
+            f"class add dev {dev} parent 1:1 classid {cls} htb rate {share} ceil {cap} {buckets}",
+            f"qdisc add dev {dev} parent {cls} bfifo limit {limit}",
+            f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dst {ip}/32 flowid {cls}",
         ]
-    return cmds
+    return [["tc", "-n", netns, *line.split()] for line in lines]
 
 
 def _counters(text: str) -> dict[str, int]:
