@@ -215,6 +215,7 @@ def render(s: dict[str, Any]) -> str:
     def ratio(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
+    chunk = f"{s['chunk_mb']:g} MiB" if s["chunk_mb"] >= 1 else f"{s['chunk_mb'] * 1024:g} KiB"
     layout = (
         f"{s['n_chains']} chains of <= {s['hops']} hops"
         if s["mode"] == "chain"
@@ -222,7 +223,7 @@ def render(s: dict[str, Any]) -> str:
     )
     lines = [
         f"snapshot broadcast, {s['mode']}: N = {s['workers']} workers, M = {s['snapshot_mb']:g} MB in "
-        f"{s['chunks']} chunks of {s['chunk_mb']:g} MiB, B0 = {s['uplink_mbps']:g} Mbit/s, "
+        f"{s['chunks']} chunks of {chunk}, B0 = {s['uplink_mbps']:g} Mbit/s, "
         f"Bw = {s['worker_mbps']:g} Mbit/s ({layout}); shaping: {s['shaping']}",
         f"  T_bcast   q = 0.9: {sec(s['t_bcast_q90_s'])}   q = 1.0: {sec(s['t_bcast_q100_s'])}   "
         f"({s['installed']}/{s['workers']} installed)",
