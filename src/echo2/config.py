@@ -231,6 +231,9 @@ class BroadcastConfig(_Section):
     uplink_budget_mbps: float | None = Field(None, gt=0)
     """B0 for chain planning when it differs from the cap (e.g. the uplink is uncapped but shared);
     default uplink_mbps. With neither set the uplink counts as unlimited: every worker is a seed."""
+    learner_stream_mbps: float | None = Field(None, gt=0)
+    """Cap on each of the learner's streams (token bucket), e.g. Bw: the paper's learner sends to
+    each seed at the worker's rate, so no stream overruns a worker's link; None: only uplink_mbps."""
     worker_mbps: float = Field(100.0, gt=0)
     """Bw_hat, the typical worker bandwidth, until measured transfers replace it (median of the
     last 20 reported transfer rates)."""

@@ -297,6 +297,9 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--uplink-budget-bps", type=float, required=True, help="B0 for planning, bytes/s")
     p.add_argument("--worker-bps", type=float, required=True, help="configured Bw, bytes/s")
     p.add_argument("--uplink-cap-bps", type=float, default=None, help="token-bucket uplink cap, bytes/s")
+    p.add_argument(
+        "--stream-cap-bps", type=float, default=None, help="token-bucket cap per learner stream, bytes/s"
+    )
     p.add_argument("--register-timeout", type=float, default=120.0)
     p.add_argument("--timeout", type=float, required=True, help="seconds allowed for each broadcast")
     args = p.parse_args(argv)
@@ -353,7 +356,12 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
 
     state.route = record_route  # type: ignore[method-assign]
     server = Coordinator(
-        state, token=token, run_info=run_info, heartbeat_interval=HEARTBEAT_S, uplink_bps=args.uplink_cap_bps
+        state,
+        token=token,
+        run_info=run_info,
+        heartbeat_interval=HEARTBEAT_S,
+        uplink_bps=args.uplink_cap_bps,
+        stream_bps=args.stream_cap_bps,
     )
     result: dict[str, Any] = {}
     try:
@@ -604,7 +612,14 @@ def run_bench(
                 setup_s = time.monotonic() - t_start
 
                 # the system's own caps (broadcast.uplink_mbps, worker_upload_mbps), if any
-                extra_l = [f"--uplink-cap-bps={spec.uplink_bps * spec.pace}"] if spec.pace else []
+                extra_l = (
+                    [
+                        f"--uplink-cap-bps={spec.uplink_bps * spec.pace}",
+                        f"--stream-cap-bps={spec.worker_bps * spec.pace}",
+                    ]
+                    if spec.pace
+                    else []
+                )
                 extra_w = [f"--upload-mbps={spec.worker_mbps * spec.pace}"] if spec.pace else []
 
                 def start_learner() -> subprocess.Popen:

@@ -628,7 +628,8 @@ class BroadcastPeer:
             await self.relay.stop()
 
     async def _install(self, version: int, data: bytes) -> None:
-        self.installed[version] = hashlib.sha256(data).hexdigest()
+        # off the event loop: hashing a large snapshot must not stall the stream to our child
+        self.installed[version] = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
     async def _heartbeat(self, stop: asyncio.Event, interval: float) -> None:
         while not stop.is_set():

@@ -47,15 +47,23 @@ def parse_range(query, num_chunks: int | None = None) -> tuple[int, int | None]:
 
 
 async def write_chunk(
-    resp: web.StreamResponse, index: int, data: bytes | memoryview, bucket: TokenBucket | None, timeout: float
+    resp: web.StreamResponse,
+    index: int,
+    data: bytes | memoryview,
+    bucket: TokenBucket | None,
+    timeout: float,
+    stream_bucket: TokenBucket | None = None,
 ) -> None:
-    """One frame, in pieces paced by `bucket`; each write must drain within `timeout` seconds (a
-    receiver that stops reading does not hold the sender forever)."""
+    """One frame, in pieces paced by `bucket` (shared by all streams) and `stream_bucket` (this
+    stream's own cap); each write must drain within `timeout` seconds (a receiver that stops reading
+    does not hold the sender forever)."""
     view = memoryview(data)
     async with asyncio.timeout(timeout):
         await resp.write(HEADER.pack(index, len(view)))
     for at in range(0, len(view), PIECE):
         piece = view[at : at + PIECE]
+        if stream_bucket is not None:
+            await stream_bucket.consume(len(piece))
         if bucket is not None:
             await bucket.consume(len(piece))
         async with asyncio.timeout(timeout):
@@ -71,6 +79,7 @@ async def serve_stream(
     bucket: TokenBucket | None,
     keepalive_s: float,
     write_timeout_s: float,
+    stream_bucket: TokenBucket | None = None,
 ) -> web.StreamResponse:
     """Stream chunks `start .. end() - 1` in order. `get_chunk(i, wait)` returns chunk i, or None if
     it did not arrive within `wait` seconds (a keep-alive is sent and it is asked again); it raises
@@ -89,7 +98,7 @@ async def serve_stream(
             async with asyncio.timeout(write_timeout_s):
                 await resp.write(HEADER.pack(KEEPALIVE, 0))
             continue
-        await write_chunk(resp, index, data, bucket, write_timeout_s)
+        await write_chunk(resp, index, data, bucket, write_timeout_s, stream_bucket)
         index += 1
     await resp.write_eof()
     return resp

@@ -65,10 +65,14 @@ class Coordinator:
         status_extra: Callable[[], dict[str, Any]] = dict,
         max_body: int = MAX_BODY,
         uplink_bps: float | None = None,
+        stream_bps: float | None = None,
     ) -> None:
         self.max_body = max_body
         self.uplink_bps = uplink_bps
         """Cap on the snapshot bytes/s the learner sends, all streams together (None: uncapped)."""
+        self.stream_bps = stream_bps
+        """Cap on each of the learner's chunk streams, bytes/s (the paper's learner sends to each
+        seed at Bw; None: only the shared cap)."""
         self.uplink: TokenBucket | None = None  # made in the server's own event loop
         self._published: asyncio.Event | None = None
         self._stopping = False
@@ -293,6 +297,7 @@ class Coordinator:
             bucket=self.uplink,
             keepalive_s=1.0,
             write_timeout_s=WRITE_TIMEOUT,
+            stream_bucket=TokenBucket(self.stream_bps) if self.stream_bps else None,
         )
 
     async def route(self, request: web.Request) -> web.Response:

@@ -102,6 +102,7 @@ class RemoteRollout:
             heartbeat_interval=ccfg.heartbeat_interval,
             status_extra=self.timings,
             uplink_bps=None if bc.uplink_mbps is None else bc.uplink_mbps * 1e6 / 8,
+            stream_bps=None if bc.learner_stream_mbps is None else bc.learner_stream_mbps * 1e6 / 8,
         )
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
