@@ -56,20 +56,32 @@ def one(args, s: int, n: int, tmp: Path) -> dict:
     train = sum(r["time/train"] for r in rows)
     kappa = max(1, s - 1)
     batch = args.prompts * args.n
-    t_train, t_bcast = summary["t_train"], summary["t_bcast"] or 0.0
-    timing = dict(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=n * args.rate)
-    return {
+    measured = {
         "staleness": s,
         "kappa": kappa,
         "pool": n,
         "rate": args.rate,
         "batch": batch,
-        "t_train": t_train,
-        "t_bcast": t_bcast,
+        "t_train": summary["t_train"],
+        "t_bcast": summary["t_bcast"] or 0.0,
         "measured_bubble": wait / (wait + train),
-        "predicted_bubble": bubble_ratio_continuous(staleness=s, **timing),
-        "paper_cycle_bubble": bubble_ratio(**timing),
         "max_staleness": max(r["staleness/max"] for r in rows),
+    }
+    return {**measured, **predict(measured)}
+
+
+def predict(m: dict) -> dict:
+    """Both models' bubble ratio for one measured point (its own T_train and T_bcast)."""
+    timing = dict(
+        kappa=m["kappa"],
+        t_train=m["t_train"],
+        t_bcast=m["t_bcast"],
+        batch=m["batch"],
+        mu_pool=m["pool"] * m["rate"],
+    )
+    return {
+        "predicted_bubble": bubble_ratio_continuous(staleness=m["staleness"], **timing),
+        "paper_cycle_bubble": bubble_ratio(**timing),
     }
 
 
@@ -117,15 +129,24 @@ def main() -> None:
     p.add_argument("--heartbeat", type=float, default=0.2, help="coordinator.heartbeat_interval (s)")
     p.add_argument("--json")
     p.add_argument("--plot")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="measure nothing: recompute the predictions for the points measured in FILE (this bench's --json)",
+    )
     args = p.parse_args()
     results: dict[int, list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for s in args.staleness:
-            results[s] = []
-            for n in args.pools:
-                row = one(args, s, n, Path(tmp))
-                print(json.dumps(row), flush=True)
-                results[s].append(row)
+    if args.from_json:
+        for s, d in json.loads(Path(args.from_json).read_text()).items():
+            results[int(s)] = [{**row, **predict(row)} for row in d["rows"]]
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            for s in args.staleness:
+                results[s] = []
+                for n in args.pools:
+                    row = one(args, s, n, Path(tmp))
+                    print(json.dumps(row), flush=True)
+                    results[s].append(row)
     summary = {
         str(s): {
             "measured_threshold": threshold(rows, "measured_bubble"),

@@ -38,7 +38,8 @@ def test_bubble_ratio_hand_computed():
 
 def test_continuous_bubble_ratio_hand_computed():
     common = dict(kappa=2, t_train=10, t_bcast=5, batch=30)
-    # mu = 2.5: bound 2 + ceil((5 + 12) / 10) - 1 = 3 <= S = 3, so throughput alone: 1 - 2.5*10/30
+    # mu = 2.5: a step takes max(10, 30/2.5) = 12 s; bound 2 + ceil((5 + 12) / 12) - 1 = 3 <= S = 3,
+    # so throughput alone: 1 - 2.5*10/30
     assert cap.bubble_ratio_continuous(staleness=3, mu_pool=2.5, **common) == pytest.approx(1 / 6)
     # the paper's cycle model charges the broadcast: max(20, 5 + 24) = 29, idle 9
     assert cap.bubble_ratio(mu_pool=2.5, **common) == pytest.approx(9 / 29)
@@ -47,3 +48,6 @@ def test_continuous_bubble_ratio_hand_computed():
     # S = 2 < bound 3: records would go stale, so the conservative cycle model applies
     assert cap.bubble_ratio_continuous(staleness=2, mu_pool=2.5, **common) == pytest.approx(9 / 29)
     assert cap.bubble_ratio_continuous(staleness=3, mu_pool=0, **common) == 1.0
+    # starved learner (mu = 1.5, R/mu = 20 s per step): bound 2 + ceil((5 + 20) / 20) - 1 = 3 <= 3,
+    # although with T_train = 10 s in the bound it would be 2 + ceil(2.5) - 1 = 4
+    assert cap.bubble_ratio_continuous(staleness=3, mu_pool=1.5, **common) == pytest.approx(0.5)

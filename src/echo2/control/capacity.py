@@ -59,14 +59,16 @@ def bubble_ratio_continuous(
 
     `bubble_ratio` charges every cycle with the whole broadcast, as if rollouts for the next cycle
     waited for the snapshot. echo2's workers keep generating under their installed version while a
-    broadcast is in flight, and those records stay admissible as long as the staleness bound of
-    Appendix B.2 (`staleness_bound`) is within S. Then only throughput limits the learner: a step
-    takes max(T_train, R / mu_pool), and the idle share is max(0, 1 - mu_pool * T_train / R). When
-    the bound exceeds S, records go stale and this falls back to the conservative cycle model.
+    broadcast is in flight. Then only throughput limits the learner: a step takes
+    T_step = max(T_train, R / mu_pool), and the idle share is max(0, 1 - mu_pool * T_train / R),
+    as long as those records stay admissible: the staleness bound of Appendix B.2 (`staleness_bound`)
+    with the learner advancing one version per T_step (it cannot go faster than its data arrive) must
+    be within S. Otherwise records go stale and this falls back to the conservative cycle model.
     """
     if mu_pool <= 0:
         return 1.0
-    bound = staleness_bound(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
+    t_step = max(t_train, batch / mu_pool)
+    bound = staleness_bound(kappa=kappa, t_train=t_step, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
     if bound > staleness:
         return bubble_ratio(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
     return max(0.0, 1.0 - mu_pool * t_train / batch)
