@@ -52,7 +52,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
-from echo2.broadcast.chunks import Manifest, VerificationError, assemble, verify_chunk, verify_manifest
+from echo2.broadcast.chunks import Manifest, VerificationError, verify_chunk, verify_manifest
 from echo2.broadcast.stream import HEADER, KEEPALIVE, PIECE, BadRange, parse_range, serve_stream
 
 logger = logging.getLogger(__name__)
@@ -127,8 +127,13 @@ class ChunkStore:
         return version in self.manifests and self.first_missing(version) is None
 
     def assemble(self, version: int) -> bytes:
-        """The snapshot's bytes, every chunk verified again (VerificationError if one is missing)."""
-        return assemble(self.manifests[version], self.chunks[version])
+        """The snapshot's bytes (VerificationError if a chunk is missing). Every chunk was verified
+        against the signed manifest when it was stored (`put`), so it is not hashed again here."""
+        missing = self.first_missing(version)
+        if missing is not None:
+            raise VerificationError(f"version {version}: chunk {missing} missing")
+        held = self.chunks[version]
+        return b"".join(held[i] for i in range(self.manifests[version].num_chunks))
 
     async def wait_chunk(self, version: int, index: int, timeout: float) -> bytes | None:
         """Chunk `index` of `version` once held; None if it did not arrive within `timeout`;
@@ -304,6 +309,8 @@ class BroadcastClient:
         self.max_failures = max_failures
         self.call_timeout = call_timeout
         self.transfers: dict[int, list[dict[str, Any]]] = {}
+        self.digests: dict[int, str] = {}
+        """SHA-256 of each received snapshot, computed once (install report, callers' checks)."""
         """Per version, the stream segments that ended cleanly: parent_id, bytes, seconds."""
         self.failures: list[tuple[int, str | None, str]] = []
         """(version, parent_id, reason) of every parent this client reported."""
@@ -372,7 +379,9 @@ class BroadcastClient:
 
     async def report_installed(self, version: int, data: bytes) -> None:
         """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
-        digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        digest = self.digests.get(version) or await asyncio.to_thread(
+            lambda: hashlib.sha256(data).hexdigest()
+        )
         body = {
             "worker_id": self.worker_id,
             "version": version,
@@ -405,8 +414,16 @@ class BroadcastClient:
                 if route["parent_id"] is None:  # the learner itself: do not hammer it
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
                 route = await self._route(version, (route["parent_id"], failed))
-        # Verified once more as a whole; hashing a large snapshot runs off the event loop (relays go on).
-        return await asyncio.to_thread(self.store.assemble, version)
+
+        # Joined and hashed once, off the event loop (relays go on); the hash goes in the install report.
+        def join() -> tuple[bytes, str]:
+            data = self.store.assemble(version)
+            return data, hashlib.sha256(data).hexdigest()
+
+        data, self.digests[version] = await asyncio.to_thread(join)
+        for old in [v for v in self.digests if v < version - 8]:
+            del self.digests[old]
+        return data
 
     def _first_missing(self, version: int) -> int | None:
         if version not in self.store.manifests:
@@ -628,8 +645,7 @@ class BroadcastPeer:
             await self.relay.stop()
 
     async def _install(self, version: int, data: bytes) -> None:
-        # off the event loop: hashing a large snapshot must not stall the stream to our child
-        self.installed[version] = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        self.installed[version] = self.client.digests[version]  # hashed once, in fetch
 
     async def _heartbeat(self, stop: asyncio.Event, interval: float) -> None:
         while not stop.is_set():
