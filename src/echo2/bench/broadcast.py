@@ -342,8 +342,9 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     report_installed = state.report_installed
 
     def record(worker_id: str, version: int, sha256: str, transfers: list) -> None:
-        streamed[(worker_id, version)] = sum(t[2] for t in transfers)
-        report_installed(worker_id, version, sha256, transfers)
+        with state.lock:  # read by the main thread under the same lock
+            streamed[(worker_id, version)] = sum(t[2] for t in transfers)
+            report_installed(worker_id, version, sha256, transfers)
 
     state.report_installed = record  # type: ignore[method-assign]
     routed: dict[tuple[str, int], float] = {}
@@ -351,8 +352,9 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     route = state.route
 
     def record_route(worker_id: str, version: int):
-        routed.setdefault((worker_id, version), time.monotonic())
-        return route(worker_id, version)
+        with state.lock:
+            routed.setdefault((worker_id, version), time.monotonic())
+            return route(worker_id, version)
 
     state.route = record_route  # type: ignore[method-assign]
     server = Coordinator(

@@ -434,7 +434,9 @@ class BroadcastClient:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
         stored as it arrives. Raises _ParentFailed on anything but a complete, valid stream."""
         base = route["url"] or self.url
-        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
+        # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
+        # keep-alives well within progress_timeout while it has nothing to send)
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout)
         started, received = time.monotonic(), 0
         try:
             async with self.session.get(
@@ -464,7 +466,7 @@ class BroadcastClient:
         if not self.store.complete(version):
             raise _ParentFailed("incomplete", "the stream ended before the last chunk")
         self.transfers[version].append(
-            {"parent_id": route["parent_id"], "bytes": received, "seconds": time.monotonic() - started}
+            {"parent_id": route["parent_id"], "bytes": received, "seconds": max(time.monotonic() - started, 1e-6)}
         )
 
     async def _read(self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False) -> bytes | None:

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -249,7 +250,10 @@ class Coordinator:
         """Long poll: answers as soon as a version newer than `after` is published, or after `wait`."""
         try:
             after = int(request.query.get("after", "-1"))
-            wait = min(max(float(request.query.get("wait", "20")), 0.0), LONG_POLL_MAX)
+            wait = float(request.query.get("wait", "20"))
+            if not math.isfinite(wait):
+                raise ValueError
+            wait = min(max(wait, 0.0), LONG_POLL_MAX)
         except ValueError:
             raise Rejected(400, "malformed", "after must be an integer and wait a number") from None
         try:
@@ -394,7 +398,10 @@ class Coordinator:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.state.heartbeat_timeout / 4))
-            self.state.expire()
+            try:
+                self.state.expire()
+            except Exception:  # e.g. a provider that cannot start a process: log, keep expiring
+                logger.exception("expiry/scheduling failed; trying again")
 
     async def _stop(self) -> None:
         self._stopping = True

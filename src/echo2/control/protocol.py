@@ -25,7 +25,7 @@ class RegisterRequest(_Wire):
     """Whether the worker accepts inbound connections (it may then relay snapshots to a child)."""
     relay_port: int | None = Field(None, ge=1, le=65535)
     """Port of the worker's relay server; without it the worker is never anyone's parent."""
-    relay_host: str | None = Field(None, min_length=1, max_length=255)
+    relay_host: str | None = Field(None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\[\]-]+$")
     """Host peers reach the relay at; default: the address the registration came from."""
     throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
@@ -126,8 +126,8 @@ class Transfer(_Wire):
     """One stream segment that ended cleanly: what came from one parent, and how fast."""
 
     parent_id: str | None
-    bytes: int = Field(ge=0)
-    seconds: float = Field(ge=0, allow_inf_nan=False)
+    bytes: int = Field(ge=0, le=2**40)
+    seconds: float = Field(gt=0, allow_inf_nan=False)
 
 
 class InstalledRequest(_Wire):

@@ -181,6 +181,8 @@ class CoordinatorState:
 
     def _worker(self, worker_id: str) -> WorkerInfo:
         info = self.workers.get(worker_id)
+        if info is not None and info.status is WorkerStatus.RELEASED:
+            raise Rejected(410, "released", f"worker {worker_id!r} was released by the scheduler; stop")
         if info is None or info.status is not WorkerStatus.ACTIVE:
             raise Rejected(404, "unknown_worker", f"worker {worker_id!r} is not registered; register again")
         info.last_seen = self.clock()

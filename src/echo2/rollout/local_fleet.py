@@ -120,7 +120,11 @@ class LocalFleet:
     def running(self) -> list[Offer]:
         """Slots whose process runs (started, perhaps not registered yet)."""
         with self._lock:
-            return [s.offer for s in self.slots.values() if s.proc is not None and s.proc.poll() is None]
+            return [
+                s.offer
+                for s in self.slots.values()
+                if s.proc is not None and s.proc.poll() is None and not s.stopping
+            ]
 
     def owns(self, name: str) -> bool:
         return name in self.slots

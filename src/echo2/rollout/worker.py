@@ -275,7 +275,11 @@ class Worker:
                             except TimeoutError:
                                 pass
                     except CallFailed as e:
-                        if e.status != 404:
+                        if e.status == 410:  # released by the scheduler: its provider stops us
+                            logger.info("released by the coordinator (%s); stopping", e.body)
+                            stop.set()
+                            break
+                        if e.status != 404 or stop.is_set():
                             raise
                         logger.info("coordinator does not know us (%s); registering again", e.body)
                         self.counts["reregistered"] += 1
