@@ -256,6 +256,8 @@ throughput = 2.0
         ("[[faults]]\nworker = 'nobody'\nkind = 'drop'\nat_s = 1.0\n", "faults.0.worker"),
         ("[[faults]]\nworker = 'w-0'\nkind = 'drop'\n", "at_s"),
         ("[sweep]\nx = 'workers.0.count'\nvalues = [1, 0]\n", "workers.0.count"),
+        # every worker is a seed with an unlimited uplink: no forwarder to fail (found while running)
+        ("[[faults]]\nworker = 'forwarder'\nkind = 'drop'\nstage = 'link'\nat_s = 15.0\n", "faults.0.worker"),
         ("[sweep]\n[[sweep.series]]\nset = { 'learner.batch' = 15 }\n", "learner.batch"),
     ],
 )

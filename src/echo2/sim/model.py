@@ -39,6 +39,7 @@ from echo2.broadcast.plan import (
     n_chains,
     star_broadcast_time,
 )
+from echo2.config import ConfigError
 from echo2.control import capacity
 from echo2.control.scheduler import Decision, Role, Scheduler, WorkerView
 from echo2.control.selection import WorkerType, exact
@@ -558,7 +559,7 @@ class Simulation:
             self._leave_transfer(w, detected=True)
 
     # ------------------------------------------------------------------ faults
-    def _pick_target(self, selector: str) -> str:
+    def _pick_target(self, selector: str, index: int) -> str:
         if selector in self.workers:
             return selector
         if self._broadcasting():
@@ -569,7 +570,10 @@ class Simulation:
         if selector == "forwarder":
             with_child = [c for c in chains if len(c) > 1]
             if not with_child:
-                raise RuntimeError("fault worker = 'forwarder': no chain has a child at fault time")
+                raise ConfigError(  # a scenario mistake (exit 2), not a stall
+                    f"faults.{index}.worker: 'forwarder', but no chain has a child at fault time "
+                    "(with an unlimited broadcast.uplink_mbps every worker is a seed)"
+                )
             return with_child[0][0]
         longest = max(len(c) for c in chains)
         return next(c for c in chains if len(c) == longest)[-1]
@@ -583,7 +587,7 @@ class Simulation:
             yield self.env.timeout(
                 max(0.0, self.published_at[spec.publication - 1][1] + spec.offset_s - self.env.now)
             )
-        w = self.workers[self._pick_target(spec.worker)]
+        w = self.workers[self._pick_target(spec.worker, index)]
         self.faults.append(
             FaultRecord(
                 index=index,
