@@ -436,7 +436,9 @@ class BroadcastClient:
         base = route["url"] or self.url
         # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
         # keep-alives well within progress_timeout while it has nothing to send)
-        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
+        )
         started, received = time.monotonic(), 0
         try:
             async with self.session.get(
@@ -466,7 +468,11 @@ class BroadcastClient:
         if not self.store.complete(version):
             raise _ParentFailed("incomplete", "the stream ended before the last chunk")
         self.transfers[version].append(
-            {"parent_id": route["parent_id"], "bytes": received, "seconds": max(time.monotonic() - started, 1e-6)}
+            {
+                "parent_id": route["parent_id"],
+                "bytes": received,
+                "seconds": max(time.monotonic() - started, 1e-6),
+            }
         )
 
     async def _read(self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False) -> bytes | None:
@@ -504,6 +510,21 @@ class BroadcastClient:
         lock = asyncio.Lock()
         newest = -1
 
+        async def report(version: int, data: bytes) -> None:
+            """The install report alone, retried (the snapshot is installed already)."""
+            while not stop.is_set():
+                try:
+                    return await self.report_installed(version, data)
+                except CoordinatorError as e:
+                    if e.status < 500:  # refused (unknown worker, wrong bytes): retrying cannot help
+                        logger.warning("version %d: install report refused: %s", version, e)
+                        return
+                    logger.info("version %d: install report failed (%r); retrying", version, e)
+                    await _sleep_unless(stop, retry_s)
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    logger.info("version %d: install report failed (%r); retrying", version, e)
+                    await _sleep_unless(stop, retry_s)
+
         async def receive(version: int) -> None:
             while not stop.is_set():
                 try:
@@ -512,10 +533,10 @@ class BroadcastClient:
                         if version > self.installed_version:
                             await install(version, data)
                             self.installed_version = version
-                            await self.report_installed(version, data)
                         else:  # a newer one was installed first
                             self.transfers.pop(version, None)
-                    return
+                            return
+                    return await report(version, data)
                 except (BroadcastError, VerificationError) as e:
                     logger.warning("version %d not installed: %s", version, e)
                     return
