@@ -14,8 +14,8 @@ What runs (`run_bench`):
   relay, follows the published versions, receives each from the parent the coordinator names,
   relays it to its child while receiving, and reports the install.
 
-Shaping with network namespaces (`ShapedNetwork.available()`: root, iproute2, a kernel with TBF and
-HTB). The learner is the network's learner host and worker i is host i. Each worker's link is
+Shaping with network namespaces (`ShapedNetwork.available()`: root, iproute2, a kernel with TBF;
+HTB is assumed too, and a kernel without it fails the run with the tc error). The learner is the network's learner host and worker i is host i. Each worker's link is
 shaped at Bw in both directions by TBF (echo2.bench.netns). The learner's link is shaped at B0 in
 both directions; its upload by HTB with one class (and queue) per worker under the B0 cap, so the
 streams share the uplink fairly, as the coordinator's token bucket shares it in-process (a TBF has

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2.config import ConfigError, parse_overrides, read_toml, validation_message
+from echo2.config import ConfigError, read_toml, validation_message
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
@@ -287,11 +287,6 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a section")
 
 
-def parse_args_overrides(args: list[str]) -> dict[str, Any]:
-    """`["--learner.staleness=4"]` -> `{"learner.staleness": 4}` (values read as TOML)."""
-    return parse_overrides(args)
-
-
 def validate(tree: dict[str, Any], where: str = "") -> Scenario:
     try:
         return Scenario.model_validate(tree)
@@ -305,10 +300,6 @@ def load_tree(path: str | Path, overrides: dict[str, Any] | None = None) -> dict
     for key, value in (overrides or {}).items():
         set_dotted(tree, key, value)
     return tree
-
-
-def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
-    return validate(load_tree(path, overrides), where=f"{path}: ")
 
 
 def expand(tree: dict[str, Any], where: str = "") -> list[tuple[str, float | None, Scenario]]:
