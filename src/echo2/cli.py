@@ -374,7 +374,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     import torch
 
-    from echo2.rollout.worker import CallFailed, Worker
+    from echo2.rollout.worker import CallFailed, RelayStartError, Worker
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -407,6 +407,8 @@ def _worker(args: argparse.Namespace) -> int:
         if e.status == 401:
             raise ConfigError(f"--token: the coordinator refused it ({e.body})") from None
         raise
+    except RelayStartError as e:
+        raise ConfigError(str(e)) from None
     except ConnectionError as e:
         print(f"echo2 worker: {e}", file=sys.stderr)
         return 1

@@ -403,3 +403,19 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
     assert state.workers[ids["a"]].status is WorkerStatus.LOST
     assert ("stop-failed", "a") in provider.calls
     assert provider.calls[-1] == ("start", "c") and "replacing lost" in state.decisions[-1]["reason"]
+
+
+def test_worker_relay_port_in_use_exits_2(capsys):
+    """`echo2 worker --inbound` on a port that is taken: exit 2 naming the flags, no traceback."""
+    import socket
+
+    from echo2.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", "--name", "a", "--inbound"]
+        args += ["--relay-host", "127.0.0.1", "--relay-port", str(port), "--give-up-after", "1"]
+        assert main(args) == 2
+    assert "--relay-port" in capsys.readouterr().err

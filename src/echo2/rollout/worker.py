@@ -30,6 +30,10 @@ from echo2.control.protocol import API
 logger = logging.getLogger(__name__)
 
 
+class RelayStartError(Exception):
+    """The relay server could not listen where the flags say."""
+
+
 class CallFailed(Exception):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
@@ -257,7 +261,12 @@ class Worker:
         timeout = aiohttp.ClientTimeout(total=120, connect=10)
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as self.session:
             if self.inbound:
-                await self.relay.start(self.relay_host, self.relay_port)
+                try:
+                    await self.relay.start(self.relay_host, self.relay_port)
+                except OSError as e:  # port in use, unknown host: the user's flags
+                    raise RelayStartError(
+                        f"--relay-host/--relay-port: cannot listen on {self.relay_host}:{self.relay_port} ({e})"
+                    ) from None
             beat = bcast = None
             try:
                 await self.register(stop)
