@@ -23,18 +23,14 @@ from pathlib import Path
 
 from common import write_json
 
+from echo2.bench.broadcast import _busy, _cpu_times
+
 
 def cpu_busy(seconds: float) -> float:
-    """Fraction of all CPUs busy over the next `seconds` (from /proc/stat)."""
-
-    def snap() -> tuple[float, float]:
-        f = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(f) - f[3] - f[4], sum(f)
-
-    b0, t0 = snap()
+    """Fraction of all CPUs busy over the next `seconds` (the bench's own /proc/stat reader)."""
+    before = _cpu_times()
     time.sleep(seconds)
-    b1, t1 = snap()
-    return (b1 - b0) / max(t1 - t0, 1e-9)
+    return _busy(before, _cpu_times()) or 0.0
 
 
 def wait_quiet(threshold: float, max_wait: float) -> float:
