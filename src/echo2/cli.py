@@ -145,8 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         "random M-MB snapshot over TCP, each in its own network namespace with tc TBF shaping its link "
         "(the learner's at B0, each worker's at Bw); without namespaces, token buckets on 127.0.0.1. "
         "Prints T_bcast at q = 0.9 and 1.0, the lower bound M/Bw and their ratio.",
-        epilog="example: echo2 bench broadcast --workers 32 --snapshot-mb 32 --uplink-mbps 400 "
-        "--worker-mbps 50 --mode chain --chunk-mb 0.25",
+        epilog="example (docs/benchmarks.md): echo2 bench broadcast --workers 32 --snapshot-mb 3.2 "
+        "--uplink-mbps 40 --worker-mbps 5 --mode chain --chunk-mb 0.015625",
     )
     bb.add_argument("--workers", type=int, required=True, metavar="N", help="worker processes")
     bb.add_argument(
@@ -169,8 +169,8 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.95,
         metavar="F",
-        help="with namespaces: the learner's and relays' own upload caps as a fraction of the shaped "
-        "rates (default 0.95, just under TCP's goodput; 0: none)",
+        help="with namespaces: the learner's (in total at B0 and per stream at Bw) and the relays' "
+        "own upload caps as a fraction of the shaped rates (default 0.95, just under TCP's goodput; 0: none)",
     )
     bb.add_argument(
         "--loopback", action="store_true", help="use token buckets on 127.0.0.1 even if namespaces work"

@@ -100,7 +100,8 @@ class BenchSpec:
     """Chunk size in MiB."""
     pace: float = DEFAULT_PACE
     """With namespaces: the learner's and the relays' own upload caps (the in-process token buckets
-    of broadcast.uplink_mbps and worker_upload_mbps) as a fraction of the shaped rates; 0: none
+    of broadcast.uplink_mbps, learner_stream_mbps at Bw, and worker_upload_mbps) as a fraction of
+    the shaped rates; 0: none
     (TCP alone against the tc shapers). Without namespaces the buckets are the links (1.0)."""
 
     @property
