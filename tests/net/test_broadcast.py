@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.broadcast.relay import BroadcastPeer, RelayServer
+from echo2.broadcast.peer import BroadcastPeer
+from echo2.broadcast.relay import RelayServer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState, Limits

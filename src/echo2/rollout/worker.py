@@ -23,7 +23,8 @@ from typing import Any
 import aiohttp
 import torch
 
-from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, BroadcastClient, ChunkStore, RelayServer, mbit
+from echo2.broadcast.client import BroadcastClient
+from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer, mbit
 from echo2.config import Config
 from echo2.control.protocol import API
 

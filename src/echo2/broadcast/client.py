@@ -1,0 +1,355 @@
+"""The receiving side of snapshot broadcast: `BroadcastClient` asks the coordinator for its parent,
+streams chunks from it, verifies each against the signed manifest before storing it, and on a dead,
+stalled or lying parent reports it and resumes from its first missing chunk with the new parent.
+The API is described in relay.py's docstring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from echo2.broadcast.bucket import TokenBucket
+from echo2.broadcast.chunks import Manifest, VerificationError, verify_manifest
+from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
+from echo2.broadcast.stream import HEADER, KEEPALIVE, PIECE
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- client
+class BroadcastError(Exception):
+    """A version could not be received (no longer kept by the learner, or too many failures)."""
+
+
+class CoordinatorError(Exception):
+    """The coordinator refused a broadcast call (HTTP status and its JSON reason)."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status, self.body = status, body
+
+
+class _ParentFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class BroadcastClient:
+    """Receives snapshots for one registered worker: route, stream, verify, store, report.
+
+    `worker_id` and `public_key` are plain attributes (a worker that registers again updates
+    them). `download_bucket` caps what this worker receives. `max_failures` bounds the parents
+    one version may go through before `fetch` gives up."""
+
+    def __init__(
+        self,
+        coordinator_url: str,
+        token: str,
+        worker_id: str,
+        store: ChunkStore,
+        *,
+        public_key: str,
+        download_bucket: TokenBucket | None = None,
+        progress_timeout: float = 10.0,
+        max_failures: int = 20,
+        call_timeout: float = 30.0,
+    ) -> None:
+        self.url = coordinator_url.rstrip("/")
+        self.token = token
+        self.worker_id = worker_id
+        self.store = store
+        self.public_key = public_key
+        self.download_bucket = download_bucket
+        self.progress_timeout = progress_timeout
+        self.max_failures = max_failures
+        self.call_timeout = call_timeout
+        self.transfers: dict[int, list[dict[str, Any]]] = {}
+        self.digests: dict[int, str] = {}
+        """SHA-256 of each received snapshot, computed once (install report, callers' checks)."""
+        """Per version, the stream segments that ended cleanly: parent_id, bytes, seconds."""
+        self.failures: list[tuple[int, str | None, str]] = []
+        """(version, parent_id, reason) of every parent this client reported."""
+        self.installed_version = -1
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, method: str, path: str, body: dict | None = None, **kw) -> Any:
+        timeout = aiohttp.ClientTimeout(total=kw.pop("timeout", self.call_timeout), connect=10)
+        async with self.session.request(method, self.url + path, json=body, timeout=timeout, **kw) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise CoordinatorError(resp.status, data)
+            return data
+
+    # ------------------------------------------------------------------ coordinator calls
+    async def wait_published(self, after: int = -1, wait: float = 20.0) -> int:
+        """The newest published version, as soon as it is newer than `after` (or after `wait` s)."""
+        reply = await self._call(
+            "GET", f"{API}/published", params={"after": after, "wait": wait}, timeout=wait + self.call_timeout
+        )
+        return int(reply["version"])
+
+    async def manifest(self, version: int) -> Manifest:
+        """The version's manifest, its signature checked against the learner's key, in the store."""
+        if version in self.store.manifests:
+            return self.store.manifests[version]
+        try:
+            data = await self._call("GET", f"{API}/manifest/{version}")
+        except CoordinatorError as e:
+            if e.status == 404:
+                raise BroadcastError(f"version {version} is not kept by the learner") from None
+            raise
+        try:
+            manifest = Manifest.model_validate(data)
+        except ValidationError as e:
+            raise VerificationError(f"malformed manifest for version {version}: {e}") from None
+        verify_manifest(manifest, self.public_key)  # VerificationError: nothing stored
+        if manifest.version != version:
+            raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
+        self.store.add_manifest(manifest)
+        return manifest
+
+    async def _route(self, version: int, failed: tuple[str | None, _ParentFailed] | None = None) -> dict:
+        body: dict[str, Any] = {"worker_id": self.worker_id, "version": version}
+        path = f"{API}/broadcast/route"
+        if failed is not None:
+            parent_id, err = failed
+            body |= {"parent_id": parent_id, "reason": err.reason, "detail": err.detail[:1000]}
+            path = f"{API}/broadcast/failure"
+        try:
+            return await self._call("POST", path, body)
+        except CoordinatorError as e:
+            if isinstance(e.body, dict) and e.body.get("error") == "no_snapshot":
+                raise BroadcastError(f"version {version} is no longer kept by the learner") from None
+            raise
+
+    async def report_installed(self, version: int, data: bytes) -> None:
+        """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
+        digest = self.digests.get(version) or await asyncio.to_thread(
+            lambda: hashlib.sha256(data).hexdigest()
+        )
+        body = {
+            "worker_id": self.worker_id,
+            "version": version,
+            "sha256": digest,
+            "transfers": self.transfers.pop(version, [])[-256:],
+        }
+        await self._call("POST", f"{API}/broadcast/installed", body)
+
+    # ------------------------------------------------------------------ receiving
+    async def fetch(self, version: int) -> bytes:
+        """Receive `version` (resuming from chunks already held) and return its verified bytes.
+
+        Raises VerificationError if the manifest's signature is bad (nothing is stored),
+        BroadcastError if the learner no longer keeps the version or `max_failures` parents failed,
+        and aiohttp/CoordinatorError if the coordinator cannot be reached."""
+        manifest = await self.manifest(version)
+        self.transfers.setdefault(version, [])
+        route = await self._route(version)
+        failures = 0
+        while (start := self._first_missing(version)) is not None:
+            try:
+                await self._stream(version, manifest, route, start)
+            except _ParentFailed as failed:
+                failures += 1
+                self.failures.append((version, route["parent_id"], failed.reason))
+                parent = route["parent_id"] or "learner"
+                logger.info("version %d: parent %s failed (%s)", version, parent, failed)
+                if failures > self.max_failures:
+                    raise BroadcastError(f"version {version}: {failures} parents failed") from failed
+                if route["parent_id"] is None:  # the learner itself: do not hammer it
+                    await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+                route = await self._route(version, (route["parent_id"], failed))
+
+        # Joined and hashed once, off the event loop (relays go on); the hash goes in the install report.
+        def join() -> tuple[bytes, str]:
+            data = self.store.assemble(version)
+            return data, hashlib.sha256(data).hexdigest()
+
+        data, self.digests[version] = await asyncio.to_thread(join)
+        for old in [v for v in self.digests if v < version - 8]:
+            del self.digests[old]
+        return data
+
+    def _first_missing(self, version: int) -> int | None:
+        if version not in self.store.manifests:
+            raise BroadcastError(f"version {version} was superseded while it was being received")
+        return self.store.first_missing(version)
+
+    async def _stream(self, version: int, manifest: Manifest, route: dict, start: int) -> None:
+        """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
+        stored as it arrives. Raises _ParentFailed on anything but a complete, valid stream."""
+        base = route["url"] or self.url
+        # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
+        # keep-alives well within progress_timeout while it has nothing to send)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
+        )
+        started, received = time.monotonic(), 0
+        try:
+            async with self.session.get(
+                f"{base}{API}/chunks/{version}", params={"from": start}, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    raise _ParentFailed("refused", f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                last_chunk = time.monotonic()
+                while (header := await self._read(resp.content, HEADER.size, at_frame=True)) is not None:
+                    index, length = HEADER.unpack(header)
+                    if index == KEEPALIVE:
+                        if time.monotonic() - last_chunk > STARVED_FACTOR * self.progress_timeout:
+                            raise _ParentFailed("stalled", "only keep-alives, no chunk")
+                        continue
+                    if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
+                        raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
+                    data = await self._read(resp.content, length)
+                    if not self.store.put(version, index, data):
+                        self._first_missing(version)  # dropped from the store: not the parent's fault
+                        raise _ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
+                    received += length
+                    last_chunk = time.monotonic()
+        except TimeoutError:  # before OSError, of which it is a subclass
+            raise _ParentFailed("stalled", f"nothing for {self.progress_timeout}s") from None
+        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
+            raise _ParentFailed("unreachable", repr(e)) from None
+        if not self.store.complete(version):
+            raise _ParentFailed("incomplete", "the stream ended before the last chunk")
+        self.transfers[version].append(
+            {
+                "parent_id": route["parent_id"],
+                "bytes": received,
+                "seconds": max(time.monotonic() - started, 1e-6),
+            }
+        )
+
+    async def _read(self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False) -> bytes | None:
+        """`n` bytes, each piece within the progress timeout and paced by the download cap. At a
+        frame boundary a clean end of stream returns None."""
+        if at_frame and n <= PIECE:
+            try:
+                async with asyncio.timeout(self.progress_timeout):
+                    return await content.readexactly(n)
+            except asyncio.IncompleteReadError as e:
+                if not e.partial:
+                    return None
+                raise
+        parts = []
+        for at in range(0, n, PIECE):
+            size = min(PIECE, n - at)
+            if self.download_bucket is not None:
+                await self.download_bucket.consume(size)
+            async with asyncio.timeout(self.progress_timeout):
+                parts.append(await content.readexactly(size))
+        return b"".join(parts)
+
+    # ------------------------------------------------------------------ following
+    async def follow(
+        self,
+        stop: asyncio.Event,
+        install: Callable[[int, bytes], Awaitable[None]],
+        *,
+        retry_s: float = 1.0,
+    ) -> None:
+        """Until `stop`: wait for each newer published version, receive it (one task per version,
+        so a slow one does not hold up its successor), `install` it unless something newer is
+        installed already, and report the install. Errors are logged and retried."""
+        tasks: dict[int, asyncio.Task] = {}
+        lock = asyncio.Lock()
+        newest = -1
+
+        async def report(version: int, data: bytes) -> None:
+            """The install report alone, retried (the snapshot is installed already)."""
+            while not stop.is_set():
+                try:
+                    return await self.report_installed(version, data)
+                except CoordinatorError as e:
+                    if e.status < 500:  # refused (unknown worker, wrong bytes): retrying cannot help
+                        logger.warning("version %d: install report refused: %s", version, e)
+                        return
+                    logger.info("version %d: install report failed (%r); retrying", version, e)
+                    await _sleep_unless(stop, retry_s)
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    logger.info("version %d: install report failed (%r); retrying", version, e)
+                    await _sleep_unless(stop, retry_s)
+
+        async def receive(version: int) -> None:
+            while not stop.is_set():
+                try:
+                    data = await self.fetch(version)
+                    async with lock:
+                        if version > self.installed_version:
+                            await install(version, data)
+                            self.installed_version = version
+                        else:  # a newer one was installed first
+                            self.transfers.pop(version, None)
+                            return
+                    return await report(version, data)
+                except (BroadcastError, VerificationError) as e:
+                    logger.warning("version %d not installed: %s", version, e)
+                    return
+                except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
+                    logger.info("version %d: %r; retrying", version, e)
+                    await _sleep_unless(stop, retry_s)
+                except Exception:  # e.g. the engine could not load it: keep the old version
+                    logger.exception("version %d could not be installed", version)
+                    return
+
+        try:
+            while not stop.is_set():
+                try:
+                    latest = await _unless(stop, self.wait_published(after=newest))
+                except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
+                    logger.debug("waiting for a version: %r", e)
+                    await _sleep_unless(stop, retry_s)
+                    continue
+                if latest is not None and latest > newest:
+                    newest = latest
+                    tasks[latest] = asyncio.create_task(receive(latest))
+                for v in [v for v, t in tasks.items() if t.done()]:
+                    del tasks[v]
+        finally:
+            for t in tasks.values():
+                t.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def _chunk_len(manifest: Manifest, index: int) -> int:
+    start, end = manifest.chunk_range(index)
+    return end - start
+
+
+async def _unless(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
+    """The coroutine's result, or None if `stop` is set first (the coroutine is then cancelled)."""
+    task = asyncio.ensure_future(coro)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task.done() else None
+    finally:
+        for t in (task, stopped):
+            t.cancel()
+        await asyncio.gather(task, stopped, return_exceptions=True)
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass
