@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import write_json
 
-from echo2.bench.broadcast import _busy, _cpu_times
+from echo2.bench.broadcast_learner import _busy, _cpu_times
 
 
 def cpu_busy(seconds: float) -> float:
