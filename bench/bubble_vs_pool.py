@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common import write_json
 
+from echo2.config import publish_every
 from echo2.control.capacity import bubble_ratio, bubble_ratio_continuous
 
 
@@ -55,7 +56,7 @@ def one(args, s: int, n: int, tmp: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][args.warmup :]
     wait = sum(r["time/learner_wait"] for r in rows)
     train = sum(r["time/train"] for r in rows)
-    kappa = max(1, s - 1)
+    kappa = publish_every(None, s)
     batch = args.prompts * args.n
     measured = {
         "staleness": s,

@@ -15,6 +15,17 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+def publish_every(kappa: int | None, staleness: int) -> int:
+    """kappa, the publish period in learner steps: as given, else max(1, S - 1) (paper 3.3)."""
+    return kappa if kappa is not None else max(1, staleness - 1)
+
+
+def check_kappa(kappa: int | None, staleness: int) -> None:
+    """kappa may not exceed max(1, S): a snapshot must be out before records go stale."""
+    if kappa is not None and kappa > max(1, staleness):
+        raise ValueError(f"learner.kappa: {kappa} > max(1, learner.staleness) = {max(1, staleness)}")
+
+
 class ConfigError(ValueError):
     """A config file, key or value the user must fix. The message names the dotted key or file."""
 
@@ -142,15 +153,12 @@ class LearnerConfig(_Section):
 
     @model_validator(mode="after")
     def _kappa_bound(self) -> LearnerConfig:
-        if self.kappa is not None and self.kappa > max(1, self.staleness):
-            raise ValueError(
-                f"learner.kappa: {self.kappa} > max(1, learner.staleness) = {max(1, self.staleness)}"
-            )
+        check_kappa(self.kappa, self.staleness)
         return self
 
     @property
     def publish_every(self) -> int:
-        return self.kappa if self.kappa is not None else max(1, self.staleness - 1)
+        return publish_every(self.kappa, self.staleness)
 
 
 # ---------------------------------------------------------------------------- coordinator

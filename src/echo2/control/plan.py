@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from echo2.config import publish_every
 from echo2.control import capacity as cap
 from echo2.control.selection import WorkerType, exact, greedy
 
@@ -51,7 +52,7 @@ class PlanInput(_Strict):
 
     @property
     def resolved_kappa(self) -> int:
-        return self.kappa if self.kappa is not None else max(1, self.staleness - 1)
+        return publish_every(self.kappa, self.staleness)
 
 
 def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2.config import ConfigError, read_toml, validation_message
+from echo2.config import ConfigError, check_kappa, publish_every, read_toml, validation_message
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
@@ -55,15 +55,12 @@ class LearnerSpec(_Section):
             raise ValueError(
                 f"learner.batch: {self.batch} is not a multiple of learner.group_size = {self.group_size}"
             )
-        if self.kappa is not None and self.kappa > max(1, self.staleness):
-            raise ValueError(
-                f"learner.kappa: {self.kappa} > max(1, learner.staleness) = {max(1, self.staleness)}"
-            )
+        check_kappa(self.kappa, self.staleness)
         return self
 
     @property
     def publish_every(self) -> int:
-        return self.kappa if self.kappa is not None else max(1, self.staleness - 1)
+        return publish_every(self.kappa, self.staleness)
 
     @property
     def snapshot_bytes(self) -> float:
