@@ -52,7 +52,6 @@ import os
 import queue
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -453,7 +452,7 @@ def run_bench(
         else:
             learner_args.append(f"--uplink-cap-bps={spec.uplink_bps}")
             procs: list[subprocess.Popen] = []
-            from echo2.bench.netns import child_env
+            from echo2.bench.netns import child_env, stop_processes
 
             setup_s = 0.0
 
@@ -489,7 +488,7 @@ def run_bench(
                 start_worker,
                 register_timeout + 2 * timeout,
                 logs,
-                stop=lambda: _stop(procs),
+                stop=lambda: stop_processes(procs, grace=5.0),
             )
             backend = "token-bucket"
     measured["setup_s"] = setup_s
@@ -552,22 +551,6 @@ def _drive(
     finally:
         if stop is not None:
             stop()
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every process we started (its whole group), SIGKILL what is left after 5 s."""
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 if __name__ == "__main__":  # the learner process lives in broadcast_learner.py

@@ -436,21 +436,7 @@ class ShapedNetwork:
                 warnings.warn("ShapedNetwork teardown: " + "; ".join(errors), RuntimeWarning, stacklevel=2)
 
     def _stop_procs(self, errors: list[str]) -> None:
-        live = [p for p in self._procs if p.poll() is None]
-        for p in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM) if _leads_group(p) else p.terminate()
-        deadline = time.monotonic() + 3.0
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL) if _leads_group(p) else p.kill()
-                try:
-                    p.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    errors.append(f"process {p.pid} did not exit")
+        errors += stop_processes(self._procs)
         self._procs.clear()
 
     @staticmethod
@@ -471,6 +457,28 @@ class ShapedNetwork:
         if _AVAILABLE is None:
             _AVAILABLE = _probe()
         return _AVAILABLE
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], grace: float = 3.0) -> list[str]:
+    """SIGTERM each process we started (its whole group when it leads one), SIGKILL what is left
+    after `grace` seconds; returns the ones that would not exit."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM) if _leads_group(p) else p.terminate()
+    deadline = time.monotonic() + grace
+    errors = []
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL) if _leads_group(p) else p.kill()
+            try:
+                p.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                errors.append(f"process {p.pid} did not exit")
+    return errors
 
 
 def _leads_group(p: subprocess.Popen) -> bool:
