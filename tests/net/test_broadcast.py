@@ -427,3 +427,45 @@ def test_broadcast_only_worker_process():
             proc.kill()
             proc.wait()
         server.stop()
+
+
+def test_a_relay_that_drops_the_version_mid_stream_says_so():
+    """A relay whose store drops a version while a child streams it ends the stream with a GONE
+    frame (the child then reroutes with reason "gone", which costs the relay no score)."""
+
+    async def scenario():
+        import aiohttp
+
+        from echo2.broadcast.chunks import make_manifest
+        from echo2.broadcast.relay import ChunkStore
+        from echo2.broadcast.stream import GONE, HEADER
+
+        key = Ed25519PrivateKey.generate()
+        store = ChunkStore(keep=2)
+        manifests = [make_manifest(v, snapshot_bytes(v, 64 * 1024), 16 * 1024, key) for v in range(3)]
+        store.add_manifest(manifests[0][0])
+        assert store.put(0, 0, manifests[0][1][0])
+        relay = RelayServer(store, token=TOKEN, keepalive_s=0.1)
+        url = await relay.start()
+        try:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with aiohttp.ClientSession(headers=headers) as s:
+                async with s.get(f"{url}/v1/chunks/0?from=0") as r:
+                    assert r.status == 200
+                    index, length = HEADER.unpack(await r.content.readexactly(HEADER.size))
+                    assert index == 0
+                    await r.content.readexactly(length)
+                    store.add_manifest(manifests[1][0])
+                    store.add_manifest(manifests[2][0])  # keep = 2: version 0 is dropped
+                    frames = []
+                    while len(frames) < 50:
+                        index, length = HEADER.unpack(await r.content.readexactly(HEADER.size))
+                        frames.append(index)
+                        if index == GONE:
+                            break
+                    assert frames[-1] == GONE
+                    assert await r.content.read() == b"", "the stream ends after GONE"
+        finally:
+            await relay.stop()
+
+    bounded(scenario(), 20)

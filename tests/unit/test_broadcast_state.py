@@ -170,3 +170,14 @@ def test_old_versions_are_kept_while_a_live_worker_receives_them():
     st.note_version("a", 1, now=1.0)  # it moved on
     st.evict(2, live)
     assert sorted(st.snapshots) == [1, 2]
+
+
+def test_a_parent_that_no_longer_holds_the_version_is_rerouted_without_penalty():
+    live = peers(*"abc")
+    st = state(chains=1)
+    publish(st, 0, live)
+    a, b, c = st.plans[0].chains[0]
+    assert st.failure(c, 0, b, "gone", live, now=1.0) == (a, f"http://{a}:1")
+    assert b not in st.plans[0].workers(), "it cannot serve this version any more"
+    assert b not in st.stats or st.stats[b].failures == 0, "but it did nothing wrong"
+    assert st.failures == {"gone": 1}

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.chunks import Manifest, VerificationError, verify_manifest
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
-from echo2.broadcast.stream import HEADER, KEEPALIVE, PIECE
+from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,10 @@ class BroadcastClient:
                 f"{base}{API}/chunks/{version}", params={"from": start}, timeout=timeout
             ) as resp:
                 if resp.status != 200:
-                    raise _ParentFailed("refused", f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                    body = (await resp.text())[:200]
+                    # a relay that no longer holds the version is not at fault: "gone", not "refused"
+                    reason = "gone" if resp.status == 404 and "not_held" in body else "refused"
+                    raise _ParentFailed(reason, f"HTTP {resp.status}: {body}")
                 last_chunk = time.monotonic()
                 while (header := await self._read(resp.content, HEADER.size, at_frame=True)) is not None:
                     index, length = HEADER.unpack(header)
@@ -217,6 +220,8 @@ class BroadcastClient:
                         if time.monotonic() - last_chunk > STARVED_FACTOR * self.progress_timeout:
                             raise _ParentFailed("stalled", "only keep-alives, no chunk")
                         continue
+                    if index == GONE:
+                        raise _ParentFailed("gone", "the parent no longer holds this version")
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
                         raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
                     data = await self._read(resp.content, length)

@@ -24,6 +24,8 @@ from echo2.broadcast.bucket import TokenBucket
 
 HEADER = struct.Struct(">II")
 KEEPALIVE = 0xFFFFFFFF
+GONE = 0xFFFFFFFE
+"""Last frame of a stream whose parent no longer holds the version (not the parent's fault)."""
 PIECE = 64 * 1024
 
 
@@ -83,8 +85,8 @@ async def serve_stream(
 ) -> web.StreamResponse:
     """Stream chunks `start .. end() - 1` in order. `get_chunk(i, wait)` returns chunk i, or None if
     it did not arrive within `wait` seconds (a keep-alive is sent and it is asked again); it raises
-    LookupError if the chunk will never come (the stream is then cut, and the receiver goes
-    elsewhere). `end()` is None until the number of chunks is known (a relay waiting for the
+    LookupError if the chunk will never come (a `GONE` frame ends the stream, and the receiver goes
+    elsewhere without blaming this parent). `end()` is None until the number of chunks is known (a relay waiting for the
     manifest)."""
     resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await resp.prepare(request)
@@ -93,7 +95,12 @@ async def serve_stream(
         last = end()
         if last is not None and index >= last:
             break
-        data = await get_chunk(index, keepalive_s)
+        try:
+            data = await get_chunk(index, keepalive_s)
+        except LookupError:
+            async with asyncio.timeout(write_timeout_s):
+                await resp.write(HEADER.pack(GONE, 0))
+            break
         if data is None:
             async with asyncio.timeout(write_timeout_s):
                 await resp.write(HEADER.pack(KEEPALIVE, 0))

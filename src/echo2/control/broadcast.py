@@ -216,7 +216,8 @@ class BroadcastState:
         except KeyError:
             current = None
         if parent_id is not None and parent_id == current:
-            self._stats(parent_id).record_failure(now)
+            if reason != "gone":  # a parent that dropped an old version did nothing wrong
+                self._stats(parent_id).record_failure(now)
             self.plans[version] = plan.excise(parent_id)
             self.leaf_only[version].add(parent_id)
         return self.route(worker_id, version, peers)

@@ -100,7 +100,8 @@ class RouteRequest(_Wire):
     version: int = Field(ge=0)
 
 
-FailureReason = Literal["unreachable", "stalled", "bad_chunk", "refused", "incomplete"]
+FailureReason = Literal["unreachable", "stalled", "bad_chunk", "refused", "incomplete", "gone"]
+"""Why a receiver left its parent; "gone": the parent no longer holds the version (no penalty)."""
 
 
 class FailureRequest(_Wire):
