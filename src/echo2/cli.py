@@ -195,7 +195,7 @@ def _plan(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from echo2.config import validation_message
-    from echo2.control.plan import PlanInput, Pool, make_plan, render
+    from echo2.control.plan import PlanInput, make_plan, render
 
     try:
         inp = PlanInput(
@@ -209,11 +209,7 @@ def _plan(args: argparse.Namespace) -> int:
         )
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
-    try:
-        pool = Pool.model_validate(read_toml(args.pool))
-    except ValidationError as e:
-        raise ConfigError(f"{args.pool}: {validation_message(e)}") from None
-    plan = make_plan(inp, pool)
+    plan = make_plan(inp, _load_pool(args.pool))
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     return 0
 
@@ -327,12 +323,21 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _local_provider(config, args: argparse.Namespace):
-    """The `local` provider's slots: one per worker of each type in scheduler.pool."""
+def _load_pool(path):
+    """A POOL.toml (`echo2 plan --pool`, `scheduler.pool`); a mistake names the file and the key."""
     from pydantic import ValidationError
 
     from echo2.config import validation_message
     from echo2.control.plan import Pool
+
+    try:
+        return Pool.model_validate(read_toml(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {validation_message(e)}") from None
+
+
+def _local_provider(config, args: argparse.Namespace):
+    """The `local` provider's slots: one per worker of each type in scheduler.pool."""
     from echo2.control.provider import Offer
     from echo2.rollout.local_fleet import LocalFleet
 
@@ -344,10 +349,7 @@ def _local_provider(config, args: argparse.Namespace):
     path = Path(config.scheduler.pool).expanduser()
     if not path.is_file():
         raise ConfigError(f"scheduler.pool: no such file {path}")
-    try:
-        pool = Pool.model_validate(read_toml(path))
-    except ValidationError as e:
-        raise ConfigError(f"{path}: {validation_message(e)}") from None
+    pool = _load_pool(path)
     offers = [
         Offer(name=f"{w.name}-{i}", throughput=w.throughput, price=w.price)
         for w in pool.workers

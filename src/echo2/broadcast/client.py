@@ -25,6 +25,38 @@ logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- client
+def client_for(
+    url: str,
+    token: str,
+    worker_id: str,
+    store: ChunkStore,
+    relay,
+    reply: dict[str, Any],
+    *,
+    upload_mbps: float | None = None,
+    download_mbps: float | None = None,
+) -> BroadcastClient:
+    """A registered worker's BroadcastClient, and its relay's caps, from the registration reply
+    (the run's `broadcast` section and the learner's public key); flags override the run's caps."""
+    from echo2.broadcast.relay import mbit
+
+    bc = reply["run"].get("broadcast", {})
+    up = upload_mbps if upload_mbps is not None else bc.get("worker_upload_mbps")
+    down = download_mbps if download_mbps is not None else bc.get("worker_download_mbps")
+    progress_timeout = bc.get("progress_timeout_s", 10.0)
+    relay.upload_bucket = mbit(up)
+    relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
+    return BroadcastClient(
+        url,
+        token,
+        worker_id,
+        store,
+        public_key=reply["public_key"],
+        download_bucket=mbit(down),
+        progress_timeout=progress_timeout,
+    )
+
+
 class BroadcastError(Exception):
     """A version could not be received (no longer kept by the learner, or too many failures)."""
 

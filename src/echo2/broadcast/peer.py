@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 
-from echo2.broadcast.client import BroadcastClient, CoordinatorError, _sleep_unless
-from echo2.broadcast.relay import API, FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer, mbit
+from echo2.broadcast.client import BroadcastClient, CoordinatorError, _sleep_unless, client_for
+from echo2.broadcast.relay import API, FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer
 
 logger = logging.getLogger(__name__)
 
@@ -71,19 +71,15 @@ class BroadcastPeer:
             await self.relay.start(self.relay_host, self.relay_port)
         try:
             reply = await self._register()
-            bc = reply["run"].get("broadcast", {})
-            up = self.upload_mbps if self.upload_mbps is not None else bc.get("worker_upload_mbps")
-            down = self.download_mbps if self.download_mbps is not None else bc.get("worker_download_mbps")
-            self.relay.upload_bucket = mbit(up)
-            self.relay.keepalive_s = bc.get("progress_timeout_s", 10.0) / 4
-            self.client = BroadcastClient(
+            self.client = client_for(
                 self.url,
                 self.token,
                 self.worker_id,
                 self.store,
-                public_key=reply["public_key"],
-                download_bucket=mbit(down),
-                progress_timeout=bc.get("progress_timeout_s", 10.0),
+                self.relay,
+                reply,
+                upload_mbps=self.upload_mbps,
+                download_mbps=self.download_mbps,
             )
             beat = asyncio.create_task(self._heartbeat(stop, reply["heartbeat_interval"]))
             try:

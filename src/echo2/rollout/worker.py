@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import torch
 
-from echo2.broadcast.client import BroadcastClient
-from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer, mbit
+from echo2.broadcast.client import BroadcastClient, CoordinatorError, client_for
+from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer
 from echo2.config import Config
 from echo2.control.protocol import API
 
@@ -35,10 +35,7 @@ class RelayStartError(Exception):
     """The relay server could not listen where the flags say."""
 
 
-class CallFailed(Exception):
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"HTTP {status}: {body}")
-        self.status, self.body = status, body
+CallFailed = CoordinatorError  # one exception for a refused coordinator call (status, JSON body)
 
 
 class Worker:
@@ -140,19 +137,15 @@ class Worker:
 
             self.config = build_config(reply["run"])
         if self.bcast is None:
-            bc = self.config.broadcast
-            up = self.upload_mbps if self.upload_mbps is not None else bc.worker_upload_mbps
-            down = self.download_mbps if self.download_mbps is not None else bc.worker_download_mbps
-            self.relay.upload_bucket = mbit(up)
-            self.relay.keepalive_s = bc.progress_timeout_s / 4  # well within a receiver's timeout
-            self.bcast = BroadcastClient(
+            self.bcast = client_for(
                 self.url,
                 self.token,
                 self.worker_id,
                 self.store,
-                public_key=reply["public_key"],
-                download_bucket=mbit(down),
-                progress_timeout=bc.progress_timeout_s,
+                self.relay,
+                reply,
+                upload_mbps=self.upload_mbps,
+                download_mbps=self.download_mbps,
             )
         self.bcast.worker_id, self.bcast.public_key = self.worker_id, reply["public_key"]
         logger.info("registered as %s with %s", self.worker_id, self.url)
