@@ -19,7 +19,8 @@ from echo2.bench.broadcast import (
     render,
     summarize,
 )
-from echo2.bench.netns import PREFIX, ShapedNetwork, leftovers
+from echo2.bench.netcheck import leftovers
+from echo2.bench.netns import PREFIX, ShapedNetwork
 from echo2.cli import main
 
 KEYS = {

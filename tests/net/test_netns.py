@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echo2.bench import netns
-from echo2.bench.netns import NetnsError, ShapedNetwork, leftovers, loopback_ok, measure_tcp, reachable
+from echo2.bench.netcheck import leftovers, loopback_ok, measure_tcp, reachable
+from echo2.bench.netns import NetnsError, ShapedNetwork
 
 OK, WHY = ShapedNetwork.available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"shaped network unavailable: {WHY}")

@@ -9,7 +9,7 @@ __all__ = ["Host", "NetnsError", "Shape", "ShapedNetwork"]
 
 
 def __getattr__(name: str) -> Any:
-    # lazy, so `python -m echo2.bench.netns` does not import the module twice
+    # lazy: importing the package does not build or import the network harness
     if name in __all__:
         from echo2.bench import netns
 
