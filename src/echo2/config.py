@@ -325,15 +325,27 @@ def _toml_value(raw: str) -> Any:
         return raw
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` ("a.b.c", list items by index: "workers.0.count") in a nested dict, in place."""
     parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
+    node: Any = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{key}: {where} is not an item of a list of {len(node)}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a section")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -349,7 +361,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) -> Config:
     tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
     for key, value in (overrides or {}).items():
-        _set_dotted(tree, key, value)
+        set_dotted(tree, key, value)
     try:
         return Config.model_validate(tree)
     except ValidationError as e:

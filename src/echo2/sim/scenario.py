@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2.config import ConfigError, check_kappa, publish_every, read_toml, validation_message
+from echo2.config import ConfigError, check_kappa, publish_every, read_toml, set_dotted, validation_message
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
@@ -261,29 +261,6 @@ class Scenario(_Section):
 
 
 # ---------------------------------------------------------------------------- loading
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    """Set `key` ("a.b.c", list items by index: "workers.0.count") in a nested dict, in place."""
-    parts = key.split(".")
-    node: Any = tree
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        where = ".".join(parts[: i + 1])
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{key}: {where} is not an item of a list of {len(node)}")
-            if last:
-                node[int(part)] = value
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-        else:
-            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a section")
-
-
 def validate(tree: dict[str, Any], where: str = "") -> Scenario:
     try:
         return Scenario.model_validate(tree)
