@@ -4,14 +4,12 @@ lands near the cap, and teardown leaves no namespace or link behind, also after 
 
 from __future__ import annotations
 
+import netns
 import pytest
+from netcheck import leftovers, loopback_ok, measure_tcp, reachable
+from netns import NetnsError, ShapedNetwork
 
-from echo2.bench import netns
-from echo2.bench.netcheck import leftovers, loopback_ok, measure_tcp, reachable
-from echo2.bench.netns import NetnsError, ShapedNetwork
-
-OK, WHY = ShapedNetwork.available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"shaped network unavailable: {WHY}")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaped_network")]
 
 CAP = 40.0
 
