@@ -1,7 +1,7 @@
 """Benchmark: snapshot broadcast time T_bcast versus fleet size N, chain against star (paper 5.5.1,
 Figure 4), with real worker processes over TCP in shaped network namespaces.
 
-Runs `echo2 bench broadcast --json` once per (mode, N) and collects the reports; writes them as
+Runs `python bench/broadcast.py --json` once per (mode, N) and collects the reports; writes them as
 JSON and plots T_bcast(q = 0.9) (q = 1 as a thin line) versus N for chain and star beside the lower
 bound M / Bw and the star's fluid time N * M / B0. On a shared machine, `--quiet-below` waits (at
 most `--quiet-wait` seconds) before each point until the whole machine's CPU is mostly idle, and
@@ -22,15 +22,14 @@ import time
 from pathlib import Path
 
 from common import write_json
-
-from echo2.bench.broadcast_learner import _busy, _cpu_times
+from procstat import busy, cpu_times
 
 
 def cpu_busy(seconds: float) -> float:
     """Fraction of all CPUs busy over the next `seconds` (the bench's own /proc/stat reader)."""
-    before = _cpu_times()
+    before = cpu_times()
     time.sleep(seconds)
-    return _busy(before, _cpu_times()) or 0.0
+    return busy(before, cpu_times()) or 0.0
 
 
 def wait_quiet(threshold: float, max_wait: float) -> float:
@@ -47,10 +46,7 @@ def wait_quiet(threshold: float, max_wait: float) -> float:
 def one(args, mode: str, n: int) -> dict:
     cmd = [
         sys.executable,
-        "-m",
-        "echo2.cli",
-        "bench",
-        "broadcast",
+        str(Path(__file__).resolve().with_name("broadcast.py")),
         f"--workers={n}",
         f"--snapshot-mb={args.snapshot_mb}",
         f"--uplink-mbps={args.uplink_mbps}",
@@ -134,7 +130,7 @@ def main() -> None:
     p.add_argument("--uplink-mbps", type=float, default=40.0)
     p.add_argument("--worker-mbps", type=float, default=5.0)
     p.add_argument("--chunk-mb", type=float, default=1 / 64)
-    p.add_argument("--pace", type=float, default=0.95, help="echo2 bench broadcast --pace")
+    p.add_argument("--pace", type=float, default=0.95, help="bench/broadcast.py --pace")
     p.add_argument("--loopback", action="store_true", help="token buckets on 127.0.0.1 instead of namespaces")
     p.add_argument(
         "--quiet-below", type=float, default=None, metavar="FRACTION", help="wait for an idle machine"

@@ -135,54 +135,6 @@ def _parser() -> argparse.ArgumentParser:
         help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
     )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
-    bench = sub.add_parser("bench", help="benchmarks of echo2's parts").add_subparsers(
-        dest="bench", required=True
-    )
-    bb = bench.add_parser(
-        "broadcast",
-        help="time one snapshot broadcast to N worker processes over shaped links",
-        description="Snapshot broadcast (paper 5.5.1): N broadcast-only worker processes receive a "
-        "random M-MB snapshot over TCP, each in its own network namespace with tc TBF shaping its link "
-        "(the learner's at B0, each worker's at Bw); without namespaces, token buckets on 127.0.0.1. "
-        "Prints T_bcast at q = 0.9 and 1.0, the lower bound M/Bw and their ratio.",
-        epilog="example (docs/benchmarks.md): echo2 bench broadcast --workers 32 --snapshot-mb 3.2 "
-        "--uplink-mbps 40 --worker-mbps 5 --mode chain --chunk-mb 0.015625",
-    )
-    bb.add_argument("--workers", type=int, required=True, metavar="N", help="worker processes")
-    bb.add_argument(
-        "--snapshot-mb", type=float, required=True, metavar="M", help="snapshot size, MB (10^6 B)"
-    )
-    bb.add_argument("--uplink-mbps", type=float, required=True, metavar="B0", help="learner uplink, Mbit/s")
-    bb.add_argument(
-        "--worker-mbps", type=float, required=True, metavar="BW", help="each worker's link, Mbit/s"
-    )
-    bb.add_argument("--mode", default="chain", help="chain (N_ch = floor(B0/BW) relay chains) or star")
-    bb.add_argument(
-        "--chunk-mb",
-        type=float,
-        default=4.0,
-        metavar="C",
-        help="chunk size, MiB (default 4, as broadcast.chunk_mb)",
-    )
-    bb.add_argument(
-        "--pace",
-        type=float,
-        default=0.95,
-        metavar="F",
-        help="with namespaces: the learner's (in total at B0 and per stream at Bw) and the relays' "
-        "own upload caps as a fraction of the shaped rates (default 0.95, just under TCP's goodput; 0: none)",
-    )
-    bb.add_argument(
-        "--loopback", action="store_true", help="use token buckets on 127.0.0.1 even if namespaces work"
-    )
-    bb.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SEC",
-        help="give up on a broadcast after SEC seconds (default 60 + 4x the model's time)",
-    )
-    bb.add_argument("--json", action="store_true", help="print one JSON object")
     from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
 
     add_simulate(sub)
@@ -211,35 +163,6 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
     plan = make_plan(inp, _load_pool(args.pool))
     print(json.dumps(plan, indent=2) if args.json else render(plan))
-    return 0
-
-
-def _bench_broadcast(args: argparse.Namespace) -> int:
-    import json
-
-    from echo2.bench.broadcast import BenchError, BenchSpec, check, render, run_bench
-
-    spec = BenchSpec(
-        workers=args.workers,
-        snapshot_mb=args.snapshot_mb,
-        uplink_mbps=args.uplink_mbps,
-        worker_mbps=args.worker_mbps,
-        mode=args.mode,
-        chunk_mb=args.chunk_mb,
-        pace=args.pace,
-    )
-    try:
-        check(spec)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if args.timeout is not None and not args.timeout > 0:
-        raise ConfigError(f"--timeout: must be > 0 (got {args.timeout})")
-    try:
-        summary = run_bench(spec, loopback=args.loopback, timeout=args.timeout)
-    except BenchError as e:
-        print(f"echo2 bench broadcast: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary) if args.json else render(summary))
     return 0
 
 
@@ -425,10 +348,6 @@ def main(argv: list[str] | None = None) -> int:
             from echo2.sim.cli import run as simulate
 
             return simulate(args, extra)
-        if args.command == "bench":
-            if extra:
-                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
-            return _bench_broadcast(args)
         if args.command in ("worker", "plan"):
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")

@@ -1,5 +1,5 @@
 """A broadcast-only worker (no model): `BroadcastPeer`, and `python -m echo2.broadcast.relay` which runs
-one as a process (what `echo2 bench broadcast` starts per host). The API is in relay.py's docstring.
+one as a process (what `python bench/broadcast.py` starts per host). The API is in relay.py's docstring.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ while it is still receiving them (store-and-forward per chunk), and receives wit
 chunk against the signed manifest before storing it (so before its own relay can hand it on), and
 on a dead, stalled or lying parent reports it and resumes from its first missing chunk with the new
 parent the coordinator names. `echo2 worker` uses these three; `BroadcastPeer` is a whole
-broadcast-only worker built from them (what `echo2 bench broadcast` runs, one per host or network
+broadcast-only worker built from them (what `python bench/broadcast.py` runs, one per host or network
 namespace), and `python -m echo2.broadcast.relay --coordinator URL --token T --name N [--inbound]`
 runs one as a process.
 

@@ -1,4 +1,4 @@
-"""Checks of a shaped network, for tests and the self-check (`python -m echo2.bench.netcheck`): TCP
+"""Checks of a shaped network, for tests and the self-check (`python bench/netcheck.py`): TCP
 transfers between hosts measured against their caps, loopback and reachability, and what a run
 left behind (`leftovers`, `purge_stale` for networks of SIGKILLed runs; never run automatically).
 """
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from echo2.bench.netns import PREFIX, Host, NetnsError, ShapedNetwork, _run
+from netns import PREFIX, Host, NetnsError, ShapedNetwork, _run, install_cleanup
 
-_TCP_SCRIPT = Path(__file__).with_name("_tcp.py")
+_TCP_SCRIPT = Path(__file__).resolve().with_name("tcp_transfer.py")
 
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
@@ -139,7 +139,7 @@ def _cap(sender: Host, receiver: Host) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m echo2.bench.netcheck",
+        prog="python bench/netcheck.py",
         description="Self-check: build a shaped network, check reachability and loopback, measure "
         "TCP rates against the caps, tear down.",
     )
@@ -159,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.hosts < 2:
         ap.error("--hosts must be >= 2")
     nbytes = int(args.mb * 1e6)
+    install_cleanup()
     report: dict[str, Any] = {"runs": []}
     say = (lambda *a: None) if args.json else print
     t0 = time.monotonic()

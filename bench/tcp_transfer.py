@@ -1,10 +1,12 @@
 """One-shot TCP transfer used to measure a shaped link (run as a script, not imported as a package
 module, so a process inside a namespace starts in milliseconds and never imports echo2).
 
-    python _tcp.py recv BIND_IP PORT      prints "READY <port>", takes one connection, reads to EOF,
-                                          prints one JSON line with the receive-side timing
-    python _tcp.py send HOST PORT NBYTES  connects (retrying for 5 s), sends NBYTES, half-closes,
-                                          waits for the receiver to close, prints one JSON line
+    python tcp_transfer.py recv BIND_IP PORT      prints "READY <port>", takes one connection, reads
+                                                  to EOF, prints one JSON line with the receive-side
+                                                  timing
+    python tcp_transfer.py send HOST PORT NBYTES  connects (retrying for 5 s), sends NBYTES,
+                                                  half-closes, waits for the receiver to close,
+                                                  prints one JSON line
 """
 
 from __future__ import annotations

@@ -1,27 +1,26 @@
-"""`echo2 bench broadcast`: the model's times and the report (pure), a small run with real worker
+"""`python bench/broadcast.py`: the model's times and the report (pure), a small run with real worker
 processes on loopback with token buckets (runs anywhere, bounded), the same in shaped network
-namespaces where they are available, and the flags refused with exit 2."""
+namespaces where they are available, the flags refused with exit 2, and the learner's BenchState
+recording what the bench reports while the coordinator state decides. All `slow`: they exercise
+the benchmark harness, not echo2."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 
 import pytest
+from broadcast import main
+from broadcast_learner import bench_state
+from broadcast_report import BenchSpec, check, expected, render, summarize
+from netcheck import leftovers
+from netns import PREFIX
+from shaping import htb_uplink_commands
 
-from echo2.bench.broadcast import (
-    BenchSpec,
-    check,
-    expected,
-    htb_uplink_commands,
-    render,
-    summarize,
-)
-from echo2.bench.netcheck import leftovers
-from echo2.bench.netns import PREFIX, ShapedNetwork
-from echo2.cli import main
+pytestmark = pytest.mark.slow
 
 KEYS = {
     "t_bcast_q90_s",
@@ -95,8 +94,29 @@ def test_check_names_the_flag(field, value, flag):
         check(BenchSpec(**kw))
 
 
+# ---------------------------------------------------------------------------- the learner's state
+def test_bench_state_records_route_and_install_and_keeps_the_decisions():
+    """BenchState's overrides record when a worker asked for its parent and how long it streamed,
+    and return (and refuse) exactly what CoordinatorState does."""
+    state = bench_state(mode="chain", chunk_bytes=1024, uplink_budget_bps=1e6, worker_bps=1e6, timeout=10)
+    try:
+        w = state.register(name="w0", hardware="cpu", price_per_hour=0.0, inbound=False)
+        data = os.urandom(4096)
+        state.publish(0, data, keep=2)
+        assert state.route(w.worker_id, 0) == (None, None), "the only worker receives from the learner"
+        assert set(state.routed) == {(w.worker_id, 0)}
+        sha = hashlib.sha256(data).hexdigest()
+        state.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
+        assert state.streamed == {(w.worker_id, 0): 0.75}
+        assert w.worker_id in state.bcast.installed_at[0]
+        with pytest.raises(Exception, match="future_version"):
+            state.report_installed(w.worker_id, 5, sha, [])
+    finally:
+        state.close()
+
+
 # ---------------------------------------------------------------------------- the CLI
-BASE = ["bench", "broadcast", "--workers", "3", "--snapshot-mb", "1", "--uplink-mbps", "16"]
+BASE = ["--workers", "3", "--snapshot-mb", "1", "--uplink-mbps", "16"]
 
 
 GOOD = {"--workers": "2", "--snapshot-mb": "1", "--uplink-mbps": "8", "--worker-mbps": "4"}
@@ -117,14 +137,15 @@ GOOD = {"--workers": "2", "--snapshot-mb": "1", "--uplink-mbps": "8", "--worker-
 )
 def test_bad_flags_exit_2(flag, value, capsys):
     args = [x for k, v in (GOOD | {flag: value}).items() for x in (k, v)]
-    assert main(["bench", "broadcast", *args]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(args)
     err = capsys.readouterr().err
-    assert flag in err and "config error" in err
+    assert e.value.code == 2 and flag in err and "error: " + flag in err
 
 
 def test_missing_flag_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["bench", "broadcast", "--workers", "2"])
+        main(["--workers", "2"])
     assert e.value.code == 2 and "--snapshot-mb" in capsys.readouterr().err
 
 
@@ -151,8 +172,7 @@ def test_small_run_on_loopback_token_buckets(capsys):
     assert s["t_bcast_q90_s"] <= s["t_bcast_q100_s"]
 
 
-@pytest.mark.skipif(not ShapedNetwork.available()[0], reason=f"namespaces: {ShapedNetwork.available()[1]}")
-def test_small_run_in_shaped_namespaces(capsys):
+def test_small_run_in_shaped_namespaces(shaped_network, capsys):
     """The same in network namespaces: TBF on every worker link, HTB on the learner's uplink; no
     namespace or link is left behind."""
     s, err = _run([], capsys)

@@ -4,14 +4,12 @@ lands near the cap, and teardown leaves no namespace or link behind, also after 
 
 from __future__ import annotations
 
+import netns
 import pytest
+from netcheck import leftovers, loopback_ok, measure_tcp, reachable
+from netns import NetnsError, ShapedNetwork
 
-from echo2.bench import netns
-from echo2.bench.netcheck import leftovers, loopback_ok, measure_tcp, reachable
-from echo2.bench.netns import NetnsError, ShapedNetwork
-
-OK, WHY = ShapedNetwork.available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"shaped network unavailable: {WHY}")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaped_network")]
 
 CAP = 40.0
 
@@ -49,3 +47,26 @@ def test_failed_setup_cleans_up(monkeypatch):
         net.start()
     assert leftovers(net.prefix) == []
     net.close()
+
+
+def test_importing_the_harness_installs_no_handlers():
+    """Only an entry point's main() (install_cleanup) registers atexit and SIGTERM/SIGHUP
+    handlers; importing every harness module leaves the process as it was."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(netns.__file__).parent
+    code = (
+        "import atexit, signal, sys; sys.path.insert(0, sys.argv[1]);"
+        # what the harness imports from echo2 and the libraries (logging registers its own atexit)
+        "import logging, echo2.control.state, echo2.control.broadcast, echo2.broadcast.plan;"
+        "n = atexit._ncallbacks();"
+        "import netns, netcheck, broadcast, broadcast_learner, broadcast_report, procs, procstat, shaping;"
+        "assert atexit._ncallbacks() == n, 'atexit';"
+        "assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGHUP) == signal.SIG_DFL;"
+        "netns.install_cleanup(); assert atexit._ncallbacks() == n + 1;"
+        "assert signal.getsignal(signal.SIGTERM) is netns._on_signal; print('ok')"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(bench)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr

@@ -1,7 +1,11 @@
-"""The learner side of `echo2 bench broadcast`, as its own process (`python -m
-echo2.bench.broadcast_learner`, started by the driver in echo2.bench.broadcast): a coordinator
-without a model publishes a random warm-up version and then the measured M-byte snapshot, waits for
-the install reports, and prints one JSON object with T_bcast at q = 0.9 and 1 and its diagnostics.
+"""The learner side of the broadcast benchmark, as its own process (`python
+bench/broadcast_learner.py`, started by the driver in broadcast.py): a coordinator without a model
+publishes a random warm-up version and then the measured M-byte snapshot, waits for the install
+reports, and prints one JSON object with T_bcast at q = 0.9 and 1 and its diagnostics.
+
+The coordinator's state is `BenchState`, a CoordinatorState that also records when each worker
+first asked for its parent and how long its chunk streams took; it changes no decision the state
+makes.
 """
 
 from __future__ import annotations
@@ -12,51 +16,64 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from echo2.bench.broadcast import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
+from broadcast_report import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
+from procstat import busy, cpu_times, procs_cpu
+
+from echo2.control.broadcast import BroadcastPolicy
+from echo2.control.state import CoordinatorState, Limits
+from echo2.data.buffer import ReplayBuffer
 
 
-def _cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all CPUs from /proc/stat; None where there is none."""
-    try:
-        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return sum(fields) - idle, sum(fields)
+class BenchState(CoordinatorState):
+    """A coordinator state that also records, for each (worker id, version), when the worker first
+    asked for its parent (`routed`, monotonic seconds) and how long its chunk streams took
+    (`streamed`, seconds, from its install report); both are read under `self.lock`. Every decision
+    is CoordinatorState's."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.routed: dict[tuple[str, int], float] = {}
+        self.streamed: dict[tuple[str, int], float] = {}
+
+    def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
+        with self.lock:
+            self.routed.setdefault((worker_id, version), time.monotonic())
+            return super().route(worker_id, version)
+
+    def report_installed(
+        self, worker_id: str, version: int, sha256: str, transfers: list[tuple[str | None, int, float]]
+    ) -> None:
+        with self.lock:
+            self.streamed[(worker_id, version)] = sum(t[2] for t in transfers)
+            super().report_installed(worker_id, version, sha256, transfers)
 
 
-def _procs_cpu(marker: str) -> float:
-    """CPU seconds (user + system) used so far by this process and every process whose command line
-    contains `marker` (the workers name the coordinator's URL on theirs)."""
-    total, tick, me = 0.0, os.sysconf("SC_CLK_TCK"), str(os.getpid())
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if d.name != me and marker.encode() not in (d / "cmdline").read_bytes():
-                continue
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def _busy(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
+def bench_state(
+    *, mode: str, chunk_bytes: int, uplink_budget_bps: float, worker_bps: float, timeout: float
+) -> BenchState:
+    """The learner's state: no model (a dummy replay buffer and limits), broadcasts planned from
+    the configured budgets, and workers kept while a broadcast of `timeout` seconds runs."""
+    return BenchState(
+        buffer=ReplayBuffer(staleness=1, group_size=1),
+        limits=Limits(vocab_size=2, max_prompt_tokens=1, max_new_tokens=1, group_size=1),
+        group_id_of=str,
+        lease_timeout=600.0,
+        heartbeat_timeout=max(120.0, timeout),
+        broadcast=BroadcastPolicy(
+            mode=mode,
+            chunk_size=chunk_bytes,
+            uplink_budget_bps=uplink_budget_bps,
+            worker_bps=worker_bps,
+        ),
+    )
 
 
 def learner_main(argv: Sequence[str] | None = None) -> int:
     """The learner side, as its own process: see the module docstring. Prints `READY <url>` once
     listening, then one JSON object with what it measured."""
-    p = argparse.ArgumentParser(
-        prog="python -m echo2.bench.broadcast_learner", description=learner_main.__doc__
-    )
+    p = argparse.ArgumentParser(prog="python bench/broadcast_learner.py", description=learner_main.__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--snapshot-bytes", type=int, required=True)
@@ -79,23 +96,15 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    from echo2.control.broadcast import BroadcastPolicy
     from echo2.control.coordinator import Coordinator
-    from echo2.control.state import CoordinatorState, Limits, WorkerStatus
-    from echo2.data.buffer import ReplayBuffer
+    from echo2.control.state import WorkerStatus
 
-    state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=1),
-        limits=Limits(vocab_size=2, max_prompt_tokens=1, max_new_tokens=1, group_size=1),
-        group_id_of=str,
-        lease_timeout=600.0,
-        heartbeat_timeout=max(120.0, args.timeout),
-        broadcast=BroadcastPolicy(
-            mode=args.mode,
-            chunk_size=args.chunk_bytes,
-            uplink_budget_bps=args.uplink_budget_bps,
-            worker_bps=args.worker_bps,
-        ),
+    state = bench_state(
+        mode=args.mode,
+        chunk_bytes=args.chunk_bytes,
+        uplink_budget_bps=args.uplink_budget_bps,
+        worker_bps=args.worker_bps,
+        timeout=args.timeout,
     )
     run_info = {
         "broadcast": {
@@ -104,28 +113,6 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             "worker_download_mbps": None,
         }
     }
-    # Diagnostics, wrapped around the state's own calls (the coordinator calls them on this object):
-    # when each worker asked for its parent, and how long its chunk streams took.
-    streamed: dict[tuple[str, int], float] = {}
-    """(worker id, version) -> seconds its chunk streams took (from its install report)."""
-    report_installed = state.report_installed
-
-    def record(worker_id: str, version: int, sha256: str, transfers: list) -> None:
-        with state.lock:  # read by the main thread under the same lock
-            streamed[(worker_id, version)] = sum(t[2] for t in transfers)
-            report_installed(worker_id, version, sha256, transfers)
-
-    state.report_installed = record  # type: ignore[method-assign]
-    routed: dict[tuple[str, int], float] = {}
-    """(worker id, version) -> when it first asked for its parent."""
-    route = state.route
-
-    def record_route(worker_id: str, version: int):
-        with state.lock:
-            routed.setdefault((worker_id, version), time.monotonic())
-            return route(worker_id, version)
-
-    state.route = record_route  # type: ignore[method-assign]
     server = Coordinator(
         state,
         token=token,
@@ -153,7 +140,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             data = os.urandom(nbytes)
             with state.lock:
                 sent0 = state.bcast.bytes_served
-            cpu0, ours0, t0 = _cpu_times(), _procs_cpu(url), time.monotonic()
+            cpu0, ours0, t0 = cpu_times(), procs_cpu(url), time.monotonic()
             state.publish(version, data, keep=2)
             deadline = time.monotonic() + args.timeout
             while time.monotonic() < deadline:
@@ -161,7 +148,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     if version in state.t_bcast_all:
                         break
                 time.sleep(0.02)
-            cpu1, ours1, t1 = _cpu_times(), _procs_cpu(url), time.monotonic()
+            cpu1, ours1, t1 = cpu_times(), procs_cpu(url), time.monotonic()
             with state.lock:
                 bc = state.bcast
                 names = {w.worker_id: w.name for w in state.workers.values()}
@@ -176,17 +163,17 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     "install_by_worker_s": {names.get(w, w): round(at - t0_pub, 4) for w, at in got.items()},
                     "routed_by_worker_s": {
                         names.get(w, w): round(at - t0_pub, 4)
-                        for (w, v), at in routed.items()
+                        for (w, v), at in state.routed.items()
                         if v == version
                     },
                     "streaming_by_worker_s": {
-                        names.get(w, w): round(streamed[(w, v)], 4) for (w, v) in streamed if v == version
+                        names.get(w, w): round(t, 4) for (w, v), t in state.streamed.items() if v == version
                     },
                     "chains": [[names.get(w, w) for w in c] for c in plan.chains] if plan else [],
                     "learner_mb_sent": (bc.bytes_served - sent0) / MB,
                     "parent_failures": dict(bc.failures),
                     "bw_hat_mbps": bc.bw_hat() * 8 / 1e6,
-                    "cpu_busy": _busy(cpu0, cpu1),
+                    "cpu_busy": busy(cpu0, cpu1),
                     "bench_cpu_cores": (ours1 - ours0) / (t1 - t0),
                     "wall_s": t1 - t0,
                 }

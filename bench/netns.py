@@ -31,16 +31,18 @@ the hrtimer watchdog can drain between wake-ups at high rates. A larger bucket m
 TBF's `limit` is `burst + rate * QUEUE_TIME` bytes (QUEUE_TIME = 50 ms, at least 128 KiB), enough
 for TCP to keep the bucket busy without an unbounded queue (worst added delay ~50 ms + burst).
 
-Measured with `python -m echo2.bench.netcheck --hosts 3 --mbps R` (one TCP flow, pure-Python sockets, 2-core VM, kernel 6.18, BBR): goodput / cap =
+Measured with `python bench/netcheck.py --hosts 3 --mbps R` (one TCP flow, pure-Python sockets, 2-core VM, kernel 6.18, BBR): goodput / cap =
 0.96 at 5 (2 MB), 20, 40, 100, 300, 500 and 1000 Mbit/s (60 MB at 500 and 1000). TBF counts
 link-layer bytes, and a full segment carries 1448 payload bytes in 1514 on the wire (0.956), so
 the wire rate is the cap within ~1%. A bucket of two packets instead reached only 0.89x at
 1000 Mbit/s (the 1 ms term fixes that); below ~300 Mbit/s the bucket size made no difference.
 
 Processes run inside a namespace with `Host.popen` (`ip netns exec NAME ...`); their environment is
-the caller's plus PYTHONPATH (echo2's `src`) and the venv's `bin` on PATH, so `host.python("-m",
-"echo2....")` works. Everything created is deleted by `close()` (also on `with` exit, atexit and
-SIGTERM/SIGHUP), which is idempotent; a failed setup deletes what it made before raising.
+procs.child_env's (echo2's `src` on PYTHONPATH, the venv's `bin` on PATH), so `host.python("-m",
+"echo2....")` works. Everything created is deleted by `close()` (also on `with` exit), which is
+idempotent; a failed setup deletes what it made before raising. Importing this module changes
+nothing in the process: an entry point that wants every live network closed at exit and on
+SIGTERM/SIGHUP calls `install_cleanup()` in its `main()`. The tc command lines are shaping.py's.
 """
 
 from __future__ import annotations
@@ -55,63 +57,21 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from procs import child_env, stop_processes
+from shaping import Rate, Shape, tbf_args
+
 PREFIX = "e2b-"  # every namespace and link this module creates starts with it
-MIN_BURST = 64 * 1024  # bytes: at least one 64 KiB GSO super-packet
-BURST_TIME = 0.001  # seconds of traffic at the shaped rate
-QUEUE_TIME = 0.050  # seconds of traffic TBF may queue behind the bucket
-MIN_LIMIT = 128 * 1024  # bytes
 LOCK_NAME = "echo2-netns-subnet-"  # abstract unix socket claiming a /16 for a live ShapedNetwork
 IFNAMSIZ = 15
-_SRC_DIR = Path(__file__).resolve().parents[2]  # .../src, holding the echo2 package
 
 
 class NetnsError(RuntimeError):
     """A command that builds or shapes the network failed."""
-
-
-Rate = float | int | None
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Caps of one host's link in Mbit/s: up = host -> bridge, down = bridge -> host; None = unshaped."""
-
-    up_mbps: float | None = None
-    down_mbps: float | None = None
-
-    @classmethod
-    def of(cls, spec: Shape | Rate | tuple[Rate, Rate]) -> Shape:
-        """A Shape from a Shape, one rate for both directions, or an (up, down) pair."""
-        if isinstance(spec, Shape):
-            return spec
-        if isinstance(spec, tuple):
-            up, down = spec
-            return cls(_rate(up), _rate(down))
-        return cls(_rate(spec), _rate(spec))
-
-
-def _rate(x: Rate) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    if not x > 0:
-        raise ValueError(f"rate must be > 0 Mbit/s or None, got {x}")
-    return x
-
-
-def tbf_args(mbps: float) -> list[str]:
-    """tc arguments (after `root`) for a TBF at `mbps` Mbit/s; see the module docstring for the choice."""
-    rate_bytes = mbps * 1e6 / 8
-    burst = max(MIN_BURST, int(rate_bytes * BURST_TIME))
-    limit = max(MIN_LIMIT, burst + int(rate_bytes * QUEUE_TIME))
-    return ["tbf", "rate", f"{int(round(mbps * 1e6))}bit", "burst", str(burst), "limit", str(limit)]
 
 
 def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
@@ -119,28 +79,6 @@ def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> s
     if check and p.returncode != 0:
         raise NetnsError(f"{' '.join(argv)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()}")
     return p
-
-
-def child_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The caller's environment plus what a `python -m echo2...` child needs: PYTHONPATH with echo2's
-    `src` first, and (in a venv) VIRTUAL_ENV and the venv's `bin` first on PATH. `extra` overrides;
-    a None value removes the variable."""
-    env = dict(os.environ)
-    pp = [str(_SRC_DIR)] + [
-        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(_SRC_DIR)
-    ]
-    env["PYTHONPATH"] = os.pathsep.join(pp)
-    if sys.prefix != sys.base_prefix:
-        venv_bin = str(Path(sys.executable).parent)
-        env["VIRTUAL_ENV"] = sys.prefix
-        path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
-        env["PATH"] = os.pathsep.join([venv_bin, *path])
-    for k, v in (extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
 
 
 @dataclass
@@ -191,7 +129,7 @@ class Host:
         return subprocess.run(self.cmd(argv), env=child_env(env), timeout=timeout, **kw)
 
 
-# --- process-wide bookkeeping: every live network is closed at exit and on SIGTERM/SIGHUP ---------
+# --- process-wide bookkeeping: the live networks, closed at exit by an entry point's install_cleanup ---
 
 _LIVE: dict[int, ShapedNetwork] = {}
 _LIVE_LOCK = threading.RLock()  # taken by the signal handler too
@@ -213,9 +151,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _install_handlers() -> None:
-    """atexit always; SIGTERM/SIGHUP only from the main thread and only where nobody else installed
-    a handler (an application's own handler is left alone: it should exit, running atexit)."""
+def install_cleanup() -> None:
+    """Close every live network at exit (atexit) and on SIGTERM/SIGHUP, for an entry point's
+    `main()` to call once. The signal handlers go in only from the main thread and only where
+    nobody else installed one (an application's own handler is left alone: it should exit, running
+    atexit). Idempotent."""
     global _HANDLERS_INSTALLED
     if _HANDLERS_INSTALLED:
         return
@@ -331,7 +271,6 @@ class ShapedNetwork:
         if self._started:
             raise RuntimeError("ShapedNetwork already started")
         self._started = True
-        _install_handlers()
         with _LIVE_LOCK:
             _LIVE[id(self)] = self
         try:
@@ -454,35 +393,6 @@ class ShapedNetwork:
         if _AVAILABLE is None:
             _AVAILABLE = _probe()
         return _AVAILABLE
-
-
-def stop_processes(procs: Sequence[subprocess.Popen], grace: float = 3.0) -> list[str]:
-    """SIGTERM each process we started (its whole group when it leads one), SIGKILL what is left
-    after `grace` seconds; returns the ones that would not exit."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGTERM) if _leads_group(p) else p.terminate()
-    deadline = time.monotonic() + grace
-    errors = []
-    for p in live:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL) if _leads_group(p) else p.kill()
-            try:
-                p.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                errors.append(f"process {p.pid} did not exit")
-    return errors
-
-
-def _leads_group(p: subprocess.Popen) -> bool:
-    try:
-        return os.getpgid(p.pid) == p.pid
-    except ProcessLookupError:
-        return False
 
 
 def _probe() -> tuple[bool, str]:

@@ -1,0 +1,367 @@
+"""`python bench/broadcast.py`: time one snapshot broadcast to N real worker processes (paper 5.5.1,
+Figure 4) over TCP, each worker in its own network namespace with tc shaping its link.
+
+What runs (`run_bench`):
+
+* a **learner process** (broadcast_learner.py, run as a script): a coordinator without a model
+  (a state with a dummy replay buffer), listening on the learner host's address. It waits for
+  the N workers to register, publishes a small random warm-up version (an eighth of M) and waits
+  until every worker installed it, then publishes a random M-MB snapshot and waits (bounded) until
+  every worker reported installing it. T_bcast at q = 0.9 and q = 1 is the coordinator's own
+  measurement, from publication to install report (control/broadcast.py). It prints one JSON line
+  and exits.
+* **N broadcast-only workers** (`python -m echo2.broadcast.relay --inbound`): each registers as a
+  relay, follows the published versions, receives each from the parent the coordinator names,
+  relays it to its child while receiving, and reports the install.
+
+Shaping with network namespaces (`ShapedNetwork.available()`: root, iproute2, a kernel with TBF;
+HTB is assumed too, and a kernel without it fails the run with the tc error). The learner is the
+network's learner host and worker i is host i. Each worker's link is
+shaped at Bw in both directions by TBF (netns.py). The learner's link is shaped at B0 in
+both directions; its upload by HTB with one class (and queue) per worker under the B0 cap, so the
+streams share the uplink fairly, as the coordinator's token bucket shares it in-process (a TBF has
+a single FIFO, and this kernel has no fq_codel or sfq to put under it). The shapers count wire
+bytes, so TCP goodput is about 0.96 of a cap (netns.py): the best a worker can do is
+M / (0.96 Bw); the lower bound reported is M / Bw all the same.
+
+On top, the system paces itself, as the paper's learner streams to each seed "at rate Bw": the
+coordinator's uplink bucket (broadcast.uplink_mbps) at `pace` x B0 and each relay's upload bucket
+(worker_upload_mbps) at `pace` x Bw, by default 0.95, just under the goodput of the links. With
+`pace` 0 only TCP meets the shapers: its start-up overshoots their short queues, drops and
+retransmission timeouts follow, and a stalled relay delays every worker below it for good (links
+of equal rate cannot catch up), which costs several percent at N = 32 (docs/benchmarks.md).
+
+Without namespaces (or with `--loopback`) everything runs on 127.0.0.1 and the links are the
+in-process token buckets (the coordinator's uplink bucket at B0, each worker's upload and download
+buckets at Bw), which count payload bytes.
+
+The plan. Chain mode lays the workers out as N_ch = floor(B0 / Bw) chains from the configured
+budgets: the rates the warm-up measured are forgotten before the measured publication, so the
+coordinator's Bw estimate is the configured Bw. Star mode has the learner feed every worker.
+
+This file starts, watches and stops the processes, and is the entry point (`main`, which also
+makes the shaped network's teardown run at exit and on SIGTERM/SIGHUP). The arithmetic and the
+report (`BenchSpec`, `check`, `expected`, `summarize`, `render`) are broadcast_report.py's, the
+learner process broadcast_learner.py's, the network netns.py's.
+
+    python bench/broadcast.py --workers 32 --snapshot-mb 3.2 --uplink-mbps 40 --worker-mbps 5 \\
+        --mode chain --chunk-mb 0.015625
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from broadcast_report import BenchSpec, broadcast_timeout, check, render, summarize, warmup_bytes
+
+LEARNER_SCRIPT = Path(__file__).resolve().with_name("broadcast_learner.py")
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run or did not finish (the message says where it stopped)."""
+
+
+class _Lines:
+    """Lines of a child's stdout, read by a thread (so waiting for one has a deadline)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.q: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                self.q.put(line)
+            self.q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def get(self, deadline: float) -> str | None:
+        """The next line; None at end of output; TimeoutError past the deadline."""
+        try:
+            return self.q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError from None
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:].strip()
+    except OSError:
+        return ""
+
+
+def run_bench(
+    spec: BenchSpec,
+    *,
+    loopback: bool = False,
+    timeout: float | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Run the benchmark and return `summarize`'s report. Uses network namespaces when available
+    (unless `loopback`), otherwise says why on `log` and uses token buckets on 127.0.0.1. Each
+    broadcast may take `timeout` seconds (default `broadcast_timeout(spec)`), the workers
+    30 + 2 N seconds to register. Raises BenchError if it could not run or not every worker
+    installed the snapshot in time."""
+    check(spec)
+    from netns import ShapedNetwork
+    from procs import child_env, stop_processes
+    from procstat import net_stats
+    from shaping import htb_uplink_commands
+
+    if loopback:
+        ok, why = False, "--loopback"
+    else:
+        ok, why = ShapedNetwork.available()
+    if not ok:
+        log(f"network namespaces unavailable ({why}): using in-process token buckets")
+    token = secrets.token_hex(16)
+    timeout = broadcast_timeout(spec) if timeout is None else timeout
+    register_timeout = 30.0 + 2.0 * spec.workers
+    learner_args = [
+        str(LEARNER_SCRIPT),
+        f"--workers={spec.workers}",
+        f"--snapshot-bytes={spec.snapshot_bytes}",
+        f"--warmup-bytes={warmup_bytes(spec)}",
+        f"--chunk-bytes={spec.chunk_bytes}",
+        f"--mode={spec.mode}",
+        f"--uplink-budget-bps={spec.uplink_bps}",
+        f"--worker-bps={spec.worker_bps}",
+        f"--timeout={timeout}",
+        f"--register-timeout={register_timeout}",
+    ]
+    env = {"ECHO2_TOKEN": token}
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="echo2-bench-bcast-") as tmp:
+        logs = Path(tmp)
+        if ok:
+            with ShapedNetwork(spec.workers, spec.worker_mbps, spec.uplink_mbps) as net:
+                ips = [h.ip for h in net.hosts]
+                for cmd in htb_uplink_commands(net.learner.netns, "eth0", spec.uplink_mbps, ips):
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                    if p.returncode != 0:
+                        raise BenchError(f"{' '.join(cmd)}: {(p.stderr or p.stdout).strip()}")
+                setup_s = time.monotonic() - t_start
+
+                # the system's own caps (broadcast.uplink_mbps, worker_upload_mbps), if any
+                extra_l = (
+                    [
+                        f"--uplink-cap-bps={spec.uplink_bps * spec.pace}",
+                        f"--stream-cap-bps={spec.worker_bps * spec.pace}",
+                    ]
+                    if spec.pace
+                    else []
+                )
+                extra_w = [f"--upload-mbps={spec.worker_mbps * spec.pace}"] if spec.pace else []
+
+                def start_learner() -> subprocess.Popen:
+                    with (logs / "learner.log").open("w") as err:
+                        return net.learner.popen(
+                            net.learner.python(*learner_args, *extra_l, f"--host={net.learner_ip}"),
+                            env=env,
+                            stdout=subprocess.PIPE,
+                            stderr=err,
+                            text=True,
+                        )
+
+                def start_worker(i: int, url: str) -> subprocess.Popen:
+                    h = net.host(i)
+                    with (logs / f"w{i}.log").open("w") as err:
+                        return h.popen(
+                            h.python(*_worker_args(url, i, "0.0.0.0"), *extra_w),
+                            env=env,
+                            stdout=subprocess.DEVNULL,
+                            stderr=err,
+                        )
+
+                measured = _drive(
+                    spec, start_learner, start_worker, register_timeout + 2 * timeout, logs, stop=None
+                )
+                measured["net_stats"] = net_stats(net)
+            backend = "netns"
+        else:
+            learner_args.append(f"--uplink-cap-bps={spec.uplink_bps}")
+            procs: list[subprocess.Popen] = []
+            setup_s = 0.0
+
+            def start_learner() -> subprocess.Popen:
+                with (logs / "learner.log").open("w") as err:
+                    p = subprocess.Popen(
+                        [sys.executable, *learner_args, "--host=127.0.0.1"],
+                        env=child_env(env),
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                        start_new_session=True,
+                    )
+                procs.append(p)
+                return p
+
+            def start_worker(i: int, url: str) -> subprocess.Popen:
+                caps = [f"--upload-mbps={spec.worker_mbps}", f"--download-mbps={spec.worker_mbps}"]
+                with (logs / f"w{i}.log").open("w") as err:
+                    p = subprocess.Popen(
+                        [sys.executable, *_worker_args(url, i, "127.0.0.1"), *caps],
+                        env=child_env(env),
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        start_new_session=True,
+                    )
+                procs.append(p)
+                return p
+
+            measured = _drive(
+                spec,
+                start_learner,
+                start_worker,
+                register_timeout + 2 * timeout,
+                logs,
+                stop=lambda: stop_processes(procs, grace=5.0),
+            )
+            backend = "token-bucket"
+    measured["setup_s"] = setup_s
+    measured["total_s"] = time.monotonic() - t_start
+    return summarize(spec, measured, backend=backend, reason="" if ok else why)
+
+
+def _worker_args(url: str, i: int, relay_host: str) -> list[str]:
+    return [
+        "-m",
+        "echo2.broadcast.relay",
+        f"--coordinator={url}",
+        f"--name=w{i:02d}",
+        "--inbound",
+        f"--relay-host={relay_host}",
+        "-q",
+    ]  # the token comes from ECHO2_TOKEN
+
+
+def _drive(
+    spec: BenchSpec,
+    start_learner: Callable[[], subprocess.Popen],
+    start_worker: Callable[[int, str], subprocess.Popen],
+    budget: float,
+    logs: Path,
+    stop: Callable[[], None] | None,
+) -> dict[str, Any]:
+    """Start the learner, then the workers once it listens; return the learner's JSON, which it
+    must print within `budget` seconds (plus a margin). `stop` ends the processes (None: the shaped
+    network's teardown does)."""
+    try:
+        learner = start_learner()
+        lines = _Lines(learner)
+        start_deadline = time.monotonic() + 60.0
+        try:
+            first = lines.get(start_deadline)
+        except TimeoutError:
+            raise BenchError(f"the learner did not start in 60 s: {_tail(logs / 'learner.log')}") from None
+        if not first or not first.startswith("READY "):
+            raise BenchError(f"the learner did not start: {first!r} {_tail(logs / 'learner.log')}")
+        url = first.split()[1]
+        workers = [start_worker(i, url) for i in range(spec.workers)]
+        # registration + warm-up + measured broadcast, each bounded inside the learner too
+        deadline = time.monotonic() + budget + 30.0
+        try:
+            line = lines.get(deadline)
+        except TimeoutError:
+            raise BenchError("the learner did not report in time") from None
+        dead = [
+            f"w{i:02d} (exit {w.returncode}): {_tail(logs / f'w{i}.log', 400)}"
+            for i, w in enumerate(workers)
+            if w.poll() is not None
+        ]
+        if not line:
+            raise BenchError(f"the learner exited without a result: {_tail(logs / 'learner.log')}")
+        result = json.loads(line)
+        if "error" in result:
+            raise BenchError(f"{result['error']}" + (f"; workers that exited: {dead}" if dead else ""))
+        return result
+    finally:
+        if stop is not None:
+            stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, run one benchmark, print the report; 1 if it did not finish, 2 on bad flags.
+    Every shaped network still up is torn down at exit and on SIGTERM/SIGHUP."""
+    p = argparse.ArgumentParser(
+        prog="python bench/broadcast.py",
+        description="Snapshot broadcast (paper 5.5.1): N broadcast-only worker processes receive a "
+        "random M-MB snapshot over TCP, each in its own network namespace with tc TBF shaping its link "
+        "(the learner's at B0, each worker's at Bw); without namespaces, token buckets on 127.0.0.1. "
+        "Prints T_bcast at q = 0.9 and 1.0, the lower bound M/Bw and their ratio.",
+        epilog="example (docs/benchmarks.md): python bench/broadcast.py --workers 32 --snapshot-mb 3.2 "
+        "--uplink-mbps 40 --worker-mbps 5 --mode chain --chunk-mb 0.015625",
+    )
+    p.add_argument("--workers", type=int, required=True, metavar="N", help="worker processes")
+    p.add_argument("--snapshot-mb", type=float, required=True, metavar="M", help="snapshot size, MB (10^6 B)")
+    p.add_argument("--uplink-mbps", type=float, required=True, metavar="B0", help="learner uplink, Mbit/s")
+    p.add_argument(
+        "--worker-mbps", type=float, required=True, metavar="BW", help="each worker's link, Mbit/s"
+    )
+    p.add_argument("--mode", default="chain", help="chain (N_ch = floor(B0/BW) relay chains) or star")
+    p.add_argument(
+        "--chunk-mb",
+        type=float,
+        default=4.0,
+        metavar="C",
+        help="chunk size, MiB (default 4, as broadcast.chunk_mb)",
+    )
+    p.add_argument(
+        "--pace",
+        type=float,
+        default=0.95,
+        metavar="F",
+        help="with namespaces: the learner's (in total at B0 and per stream at Bw) and the relays' "
+        "own upload caps as a fraction of the shaped rates (default 0.95, just under TCP's goodput; 0: none)",
+    )
+    p.add_argument(
+        "--loopback", action="store_true", help="use token buckets on 127.0.0.1 even if namespaces work"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SEC",
+        help="give up on a broadcast after SEC seconds (default 60 + 4x the model's time)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    spec = BenchSpec(
+        workers=args.workers,
+        snapshot_mb=args.snapshot_mb,
+        uplink_mbps=args.uplink_mbps,
+        worker_mbps=args.worker_mbps,
+        mode=args.mode,
+        chunk_mb=args.chunk_mb,
+        pace=args.pace,
+    )
+    try:
+        check(spec)
+    except ValueError as e:
+        p.error(str(e))
+    if args.timeout is not None and not args.timeout > 0:
+        p.error(f"--timeout: must be > 0 (got {args.timeout})")
+    import netns
+
+    netns.install_cleanup()
+    try:
+        summary = run_bench(spec, loopback=args.loopback, timeout=args.timeout)
+    except BenchError as e:
+        print(f"bench/broadcast.py: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary) if args.json else render(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
