@@ -123,6 +123,38 @@ def test_broadcast_time_formulas_hand_computed():
     assert bp.lower_bound(100 * MB, 10 * MB) == pytest.approx(10.0)
 
 
+def test_plan_broadcast_chains_or_star():
+    fleet = peers(*[(f"w{i}", i, True) for i in range(5)])
+
+    # B0 / Bw = 2.5: two chains, seeds by score, as build_chains lays them out
+    def chains(uplink_bps: float, n_ch: int | None = None) -> tuple[tuple[str, ...], ...]:
+        return bp.plan_broadcast(
+            fleet, mode="chain", uplink_bps=uplink_bps, worker_bps=10 * MB, n_ch=n_ch
+        ).chains
+
+    assert chains(25 * MB) == (("w4", "w2", "w0"), ("w3", "w1"))
+    # n_ch fixed by the caller wins over the bandwidth ratio, capped at the number of peers
+    assert len(chains(25 * MB, n_ch=3)) == 3 and len(chains(1.0, n_ch=9)) == 5
+    assert len(chains(math.inf)) == 5  # unlimited uplink: every peer is a seed
+    # a star keeps the caller's order and ignores scores
+    star = bp.plan_broadcast(fleet[::-1], mode="star", uplink_bps=1.0, worker_bps=1.0)
+    assert star.mode == "star" and star.chains == (("w4",), ("w3",), ("w2",), ("w1",), ("w0",))
+    assert bp.plan_broadcast([], mode="chain", uplink_bps=1.0, worker_bps=1.0).chains == ()
+    with pytest.raises(ValueError):
+        bp.plan_broadcast(fleet, mode="chains", uplink_bps=1.0, worker_bps=1.0)
+
+
+def test_broadcast_time_follows_the_plan_it_predicts():
+    common = dict(size_bytes=100 * MB, chunk_bytes=4 * MB, worker_bps=10 * MB, hop_delay_s=0.05)
+    # B0 / Bw = 2.5 -> 2 chains of 8 workers: the 11.4 s above
+    assert bp.broadcast_time(8, mode="chain", uplink_bps=25 * MB, **common) == pytest.approx(11.4)
+    # 8 chains fixed: one hop, 25 chunks: 0.05 + 25 * 0.4
+    assert bp.broadcast_time(8, mode="chain", uplink_bps=25 * MB, n_ch=8, **common) == pytest.approx(10.05)
+    # star: 10 receivers share 50 MB/s
+    assert bp.broadcast_time(10, mode="star", uplink_bps=50 * MB, **common) == pytest.approx(20.0)
+    assert bp.broadcast_time(0, mode="chain", uplink_bps=25 * MB, **common) == 0.0
+
+
 @given(
     n=st.integers(1, 500),
     n_ch=st.integers(1, 50),

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from echo2.control import capacity as cap
@@ -18,6 +20,15 @@ def test_infeasible_when_broadcast_exceeds_kappa_steps():
     assert cap.smallest_feasible_kappa(t_train=10, t_bcast=12) == 2
     assert cap.smallest_feasible_kappa(t_train=10, t_bcast=20) == 3
     assert cap.mu_min(kappa=3, t_train=10, t_bcast=20, batch=30) == pytest.approx(9.0)
+
+
+def test_target_throughput_is_gamma_times_mu_min():
+    # mu_min = 4 (above); gamma = 1.25 keeps 25% headroom: 5 trajectories/s
+    assert cap.target_throughput(kappa=2, t_train=10, t_bcast=5, batch=30, gamma=1.25) == pytest.approx(5.0)
+    assert cap.target_throughput(kappa=3, t_train=10, t_bcast=20, batch=30, gamma=1.0) == pytest.approx(9.0)
+    # no pool can hide a broadcast longer than kappa steps: the target is unreachable, not absent
+    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=10, batch=30, gamma=1.0) == math.inf
+    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=12, batch=30, gamma=2.0) == math.inf
 
 
 def test_staleness_bounds_hand_computed():

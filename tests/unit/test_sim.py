@@ -13,8 +13,10 @@ import pytest
 from echo2.broadcast.plan import PeerInfo, build_chains, build_star, chain_broadcast_time
 from echo2.cli import main
 from echo2.control import capacity
+from echo2.control.scheduler import Role, WorkerView
 from echo2.sim.broadcast import Transfer, fair_shares
-from echo2.sim.model import simulate
+from echo2.sim.fleet import RandomActivation
+from echo2.sim.model import Simulation, simulate
 from echo2.sim.report import metrics
 from echo2.sim.scenario import expand, load_tree, validate
 
@@ -225,6 +227,35 @@ def test_permanently_slow_forwarder_stays_a_forwarder():
     slow = sim.faults[0].worker
     later = [p for p in sim.publications if p.time > sim.faults[0].time]
     assert later and all(p.plan.child_of(slow) is not None for p in later)
+
+
+def test_random_activation_fills_a_sustained_shortfall_replaces_the_lost_and_never_releases():
+    """The w/o-Cost ablation policy, asked directly (its draws come from the run's one rng)."""
+    world = Simulation(
+        validate(tree(scheduler={"enabled": True, "policy": "random", "sustain_s": 10.0}))
+    ).world
+    policy = RandomActivation(world)
+
+    def views(**roles: Role) -> list[WorkerView]:
+        return [
+            WorkerView(
+                worker_id=w, throughput=0.5, price=1.0, role=roles.get(w.replace("-", "_"), Role.STANDBY)
+            )
+            for w in world.workers
+        ]
+
+    one_active = views(w_0=Role.ACTIVE)
+    assert policy.pending
+    assert policy.decide(one_active, target=1.2, now=0.0) == []  # below target since 0 s
+    assert policy.decide(one_active, target=1.2, now=9.0) == []  # not sustained yet
+    out = policy.decide(one_active, target=1.2, now=10.0)
+    assert [d.action for d in out] == ["activate", "activate"]  # 0.5 + 2 * 0.5 >= 1.2
+    assert {d.worker_id for d in out} <= {"w-1", "w-2", "w-3"}
+    # a newly lost worker is replaced at once, without waiting for sustain_s
+    (d,) = policy.decide(views(w_0=Role.LOST, w_1=Role.ACTIVE), target=1.0, now=11.0)
+    assert d.action == "activate" and d.worker_id in {"w-2", "w-3"}
+    # far above target: nothing is released
+    assert policy.decide(views(w_0=Role.ACTIVE, w_1=Role.ACTIVE, w_2=Role.ACTIVE), target=0.1, now=99.0) == []
 
 
 # ---------------------------------------------------------------------------- scenario files, CLI

@@ -211,6 +211,42 @@ def build_star(worker_ids: list[str]) -> ChainPlan:
     return ChainPlan(chains=tuple((w,) for w in worker_ids), mode="star")
 
 
+def plan_broadcast(
+    peers: list[PeerInfo], *, mode: str, uplink_bps: float, worker_bps: float, n_ch: int | None = None
+) -> ChainPlan:
+    """The plan of one publication: mode "star" feeds every peer from the learner, in the order
+    given; mode "chain" lays them out by `build_chains` in N_ch = floor(B0 / Bw) chains, or `n_ch`
+    when the caller fixes it (never more than there are peers). The coordinator and the simulator
+    both plan through this."""
+    if mode not in ("chain", "star"):
+        raise ValueError(f"mode must be 'chain' or 'star', not {mode!r}")
+    if mode == "star" or not peers:
+        return build_star([p.worker_id for p in peers])
+    k = n_ch if n_ch is not None else n_chains(uplink_bps, worker_bps, len(peers))
+    return build_chains(peers, min(k, len(peers)))
+
+
+def broadcast_time(
+    n: int,
+    *,
+    mode: str,
+    size_bytes: float,
+    chunk_bytes: float,
+    uplink_bps: float,
+    worker_bps: float,
+    hop_delay_s: float,
+    n_ch: int | None = None,
+) -> float:
+    """T_bcast the formulas predict for n receivers laid out as `plan_broadcast` lays them out
+    (equal links of Bw; `n_ch` as there)."""
+    if n <= 0:
+        return 0.0
+    if mode == "star":
+        return star_broadcast_time(n, size_bytes, uplink_bps, worker_bps)
+    k = n_ch if n_ch is not None else n_chains(uplink_bps, worker_bps, n)
+    return chain_broadcast_time(n, min(k, n), size_bytes, chunk_bytes, worker_bps, hop_delay_s)
+
+
 def chain_broadcast_time(
     n: int, n_ch: int, size_bytes: float, chunk_bytes: float, worker_bps: float, hop_delay_s: float
 ) -> float:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import Manifest, make_manifest
-from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, build_chains, build_star, n_chains
+from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, plan_broadcast
 
 QUANTILES = (0.9, 1.0)
 """T_bcast is reported at q = 0.9 (about 1 / gamma of the workers, the paper's measure) and q = 1."""
@@ -126,19 +126,20 @@ class BroadcastState:
         return peers[worker_id].relay_url is not None and not demoted
 
     def make_plan(self, peers: dict[str, Peer], now: float) -> ChainPlan:
-        ids = sorted(peers)
-        if self.policy.mode == "star" or not ids:
-            return build_star(ids)
         infos = [
             PeerInfo(
                 worker_id=w,
                 score=self.stats[w].score(now) if w in self.stats else PeerStats().score(now),
                 inbound=self._can_relay(w, peers),
             )
-            for w in ids
+            for w in sorted(peers)
         ]
-        n_ch = n_chains(self.policy.uplink_budget_bps or math.inf, self.bw_hat(), len(ids))
-        return build_chains(infos, n_ch)
+        return plan_broadcast(
+            infos,
+            mode=self.policy.mode,
+            uplink_bps=self.policy.uplink_budget_bps or math.inf,
+            worker_bps=self.bw_hat(),
+        )
 
     def publish(self, blob: SnapshotBlob, peers: dict[str, Peer], now: float, *, keep: int) -> None:
         v = blob.version

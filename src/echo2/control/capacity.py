@@ -26,6 +26,14 @@ def mu_min(*, kappa: int, t_train: float, t_bcast: float, batch: float) -> float
     return kappa * batch / slack if slack > 0 else None
 
 
+def target_throughput(*, kappa: int, t_train: float, t_bcast: float, batch: float, gamma: float) -> float:
+    """The pool throughput the scheduler keeps (paper 4.3): gamma * mu_min, with gamma >= 1 the
+    headroom; infinite when kappa * T_train <= T_bcast, where no pool is enough. The runtime
+    (measured T_train and T_bcast) and the simulator (modelled ones) both ask this."""
+    mu = mu_min(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch)
+    return math.inf if mu is None else gamma * mu
+
+
 def staleness_bound(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu_pool: float) -> int:
     """Conservative bound (Appendix B.2): kappa + ceil((T_bcast + R / mu_pool) / T_train) - 1."""
     return kappa + math.ceil((t_bcast + batch / mu_pool) / t_train) - 1

@@ -178,11 +178,13 @@ class RemoteRollout:
             return None
         t_train = statistics.median(self.t_train)
         t_bcast = statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else 0.0
-        batch = self.config.rollout.prompts_per_step * self.config.rollout.group_size
-        mu = capacity.mu_min(
-            kappa=self.config.learner.publish_every, t_train=t_train, t_bcast=t_bcast, batch=batch
+        return capacity.target_throughput(
+            kappa=self.config.learner.publish_every,
+            t_train=t_train,
+            t_bcast=t_bcast,
+            batch=self.config.rollout.prompts_per_step * self.config.rollout.group_size,
+            gamma=self.config.scheduler.gamma,
         )
-        return float("inf") if mu is None else self.config.scheduler.gamma * mu
 
     def active_workers(self) -> int:
         with self.state.lock:

@@ -1,7 +1,9 @@
-"""What a simulated run records: workers' state and history, learner steps, broadcasts, faults.
+"""What a simulated run shares and records: the world every process group runs in (clock, random
+stream, scenario, workers, buffer), workers' state and history, learner steps, broadcasts, faults.
 
-Plain dataclasses filled by `sim.model` and read by `sim.report`; no SimPy logic beyond the event a
-worker waits on.
+Plain dataclasses filled by the process groups (`sim.learner`, `sim.rollout`, `sim.dissemination`,
+`sim.fleet`, `sim.faults`) and read by `sim.report`; no SimPy logic beyond the event a worker waits
+on.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from echo2.broadcast.plan import ChainPlan, PeerStats
-from echo2.sim.scenario import WorkerSpec
+from echo2.data.buffer import ReplayBuffer
+from echo2.sim.scenario import Scenario, WorkerSpec
 
 
 @dataclass(slots=True, kw_only=True)
@@ -64,6 +67,33 @@ class SimWorker:
     @property
     def mu(self) -> float:
         return self.spec.throughput * self.rollout_factor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class World:
+    """What every process group of one run shares. One `rng` drives every draw, so a seed fixes
+    the run; the order in which the groups draw from it is part of the model."""
+
+    sc: Scenario
+    env: simpy.Environment
+    rng: random.Random
+    workers: dict[str, SimWorker]
+    buffer: ReplayBuffer
+    """One record per GRPO group (all samples of a group share a version, so admission is the same
+    as per trajectory)."""
+
+    @property
+    def kappa(self) -> int:
+        return self.sc.learner.publish_every
+
+    @property
+    def snapshot_bytes(self) -> float:
+        return self.sc.learner.snapshot_bytes
+
+    @property
+    def uplink_bps(self) -> float:
+        """The learner's uplink B0 in bytes/s (inf: unlimited)."""
+        return self.sc.broadcast.uplink_mbps * 1e6 / 8
 
 
 @dataclass(slots=True, kw_only=True)
