@@ -291,8 +291,9 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
 
 
 def test_manifest_with_a_bad_signature_is_refused():
-    """A manifest signed by another key (a spoofed learner) is refused by every worker: nothing of
-    that version is stored, relayed or installed. The next properly signed version goes through."""
+    """A manifest signed by another key (a spoofed learner) is refused by every worker: each one
+    records the refusal (the signature check ran), and nothing of that version is stored, relayed or
+    installed. The next properly signed version goes through."""
     server, state = start_coordinator(mode="chain", chains=2)
 
     async def scenario():
@@ -300,7 +301,10 @@ def test_manifest_with_a_bad_signature_is_refused():
             good_key = state.signing_key
             state.signing_key = Ed25519PrivateKey.generate()
             publish(state, 0)
-            await asyncio.sleep(1.0)  # every worker has fetched the manifest by now
+            # every worker has decided about version 0: refused it, or (were the check gone) installed it
+            while not all(0 in p.client.refused or 0 in p.installed for p in fleet.peers):
+                await asyncio.sleep(0.02)
+            assert all("signature" in p.client.refused.get(0, "") for p in fleet.peers)
             assert all(0 not in p.installed and 0 not in p.store.manifests for p in fleet.peers)
             assert all(p.client.installed_version == -1 for p in fleet.peers)
             state.signing_key = good_key
@@ -398,17 +402,17 @@ def test_relay_requires_the_token_and_a_valid_range():
 
 
 def test_broadcast_only_worker_process():
-    """`python -m echo2.broadcast.relay` (what the broadcast bench runs per host) imports no torch,
+    """`python -m echo2.broadcast.peer` (what the broadcast bench runs per host) imports no torch,
     registers as a relay, installs and reports a snapshot, and exits 0 on SIGTERM."""
     import signal
     import subprocess
     import sys
     import time
 
-    check = "import sys, echo2.broadcast.relay; assert 'torch' not in sys.modules"
+    check = "import sys, echo2.broadcast.peer; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
     server, state = start_coordinator(mode="chain", chains=1)
-    cmd = [sys.executable, "-m", "echo2.broadcast.relay", "--coordinator", server.url, "--token", TOKEN]
+    cmd = [sys.executable, "-m", "echo2.broadcast.peer", "--coordinator", server.url, "--token", TOKEN]
     proc = subprocess.Popen([*cmd, "--name", "proc", "--inbound", "--relay-host", "127.0.0.1", "-q"])
     try:
         deadline = time.monotonic() + 60
