@@ -252,4 +252,3 @@ class RelayServer:
             )
         finally:
             self._open.discard(transport)
-

@@ -226,7 +226,9 @@ class Worker:
         if not (self.lease_id and self.worker_id):
             return
         try:
-            await self.coordinator.return_lease(ReturnRequest(worker_id=self.worker_id, lease_id=self.lease_id))
+            await self.coordinator.return_lease(
+                ReturnRequest(worker_id=self.worker_id, lease_id=self.lease_id)
+            )
         except (CoordinatorError, Unreachable) as e:
             logger.info("could not return lease %s: %r", self.lease_id, e)
 
@@ -318,4 +320,3 @@ class Worker:
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.install, Snapshot(version=version, state=state))
         logger.info("installed version %d", version)
-
