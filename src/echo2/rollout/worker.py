@@ -141,9 +141,7 @@ class Worker:
             await self.prepare()
             self.engine_ready.set()
             while not stop.is_set():
-                for task in (beat, bcast):
-                    if task.done():  # they only end on stop; anything else is a bug to surface
-                        task.result()
+                _surface(beat, bcast)
                 await self._as_member(stop, lambda: self.step(stop))
         finally:
             for task in (beat, bcast):
@@ -320,3 +318,10 @@ class Worker:
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.install, Snapshot(version=version, state=state))
         logger.info("installed version %d", version)
+
+
+def _surface(*tasks: asyncio.Task) -> None:
+    """Re-raise what ended a background task: they only end on stop, anything else is a bug."""
+    for task in tasks:
+        if task.done():
+            task.result()
