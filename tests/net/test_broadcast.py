@@ -32,9 +32,12 @@ WORKER_BPS = 1e6  # the configured Bw_hat, bytes/s
 PROGRESS_TIMEOUT = 1.0
 
 
-def start_coordinator(*, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0):
+def start_coordinator(
+    *, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0, **extra
+):
     """A coordinator whose plan has `chains` chains until transfers are measured."""
     state = CoordinatorState(
+        **extra,
         buffer=ReplayBuffer(staleness=1, group_size=2),
         limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
         group_id_of=lambda i: f"g{i}",
@@ -312,6 +315,34 @@ def test_manifest_with_a_bad_signature_is_refused():
             await fleet.installed(1)
             assert {p.installed[1] for p in fleet.peers} == {digest}
             assert all(0 not in p.installed for p in fleet.peers)
+
+    try:
+        bounded(scenario())
+    finally:
+        server.stop()
+
+
+def test_a_peer_marked_lost_registers_again_and_keeps_installing():
+    """The coordinator marks a peer lost (its clock jumps past the heartbeat timeout): the peer's
+    next heartbeat is refused as unknown, it registers again by the worker's one route (same relay,
+    same store) and installs the next version under its new id."""
+    now = [1000.0]
+    server, state = start_coordinator(mode="star", clock=lambda: now[0])
+
+    async def scenario():
+        async with Fleet(server.url, 1) as fleet:
+            (peer,) = fleet.peers
+            first = peer.worker_id
+            now[0] += 100.0
+            state.expire()
+            assert state.workers[first].status.value == "lost"
+            while peer.worker_id == first:
+                await asyncio.sleep(0.02)
+            assert peer.counts["reregistered"] == 1 and peer.client.worker_id == peer.worker_id
+            digest = publish(state, 0)
+            await fleet.installed(0)
+            assert peer.installed[0] == digest
+            assert peer.worker_id in state.bcast.installed_at[0]
 
     try:
         bounded(scenario())
