@@ -289,8 +289,8 @@ def _local_provider(config, args: argparse.Namespace):
 def _worker(args: argparse.Namespace) -> int:
     if not args.token:
         raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
-    for flag in ("upload_mbps", "download_mbps"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+    for flag in ("upload_mbps", "download_mbps", "emulate"):
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
     if not 0 <= args.relay_port <= 65535:
         raise ConfigError("--relay-port: must be in 0..65535")
@@ -299,24 +299,29 @@ def _worker(args: argparse.Namespace) -> int:
 
     import torch
 
-    from echo2.rollout.worker import CallFailed, RelayStartError, Worker
+    from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
+    from echo2.control.client import Unauthorized
+    from echo2.rollout.worker import RelayStartError, Worker, WorkerConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
     worker = Worker(
-        url=args.coordinator,
-        token=args.token,
-        name=args.name,
-        price_per_hour=args.price_per_hour,
-        hardware=args.hardware,
-        inbound=args.inbound,
-        give_up_after=args.give_up_after,
-        emulate=args.emulate,
-        relay_host=args.relay_host,
-        relay_port=args.relay_port,
-        relay_advertise=args.relay_advertise,
-        upload_mbps=args.upload_mbps,
-        download_mbps=args.download_mbps,
+        WorkerConfig(
+            url=args.coordinator,
+            token=args.token,
+            name=args.name,
+            price_per_hour=args.price_per_hour,
+            hardware=args.hardware,
+            inbound=args.inbound,
+            give_up_after=args.give_up_after,
+            emulate=args.emulate,
+            relay_host=args.relay_host,
+            relay_port=args.relay_port,
+            relay_advertise=args.relay_advertise,
+            upload_mbps=args.upload_mbps,
+            download_mbps=args.download_mbps,
+            fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
+        )
     )
 
     async def main() -> None:
@@ -328,10 +333,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except CallFailed as e:
-        if e.status == 401:
-            raise ConfigError(f"--token: the coordinator refused it ({e.body})") from None
-        raise
+    except Unauthorized as e:
+        raise ConfigError(f"--token: the coordinator refused it ({e.body})") from None
     except RelayStartError as e:
         raise ConfigError(str(e)) from None
     except ConnectionError as e:

@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from echo2.cli import main
 from echo2.config import load_config
 from echo2.learning.loop import run
@@ -276,3 +278,13 @@ def test_sigterm_stops_the_run_and_its_workers(tmp_path):
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     for pid in children:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+@pytest.mark.parametrize("rate", ["-1", "0"])
+def test_worker_refuses_an_emulated_rate_that_is_not_positive(rate, capsys):
+    """`echo2 worker --emulate -1` (or 0) exits 2 with one line naming the flag, before it loads a
+    model or calls the coordinator (port 9 has nothing listening)."""
+    argv = ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", "--emulate", rate]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--emulate: must be > 0" in err

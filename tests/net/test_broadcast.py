@@ -32,9 +32,12 @@ WORKER_BPS = 1e6  # the configured Bw_hat, bytes/s
 PROGRESS_TIMEOUT = 1.0
 
 
-def start_coordinator(*, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0):
+def start_coordinator(
+    *, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0, **extra
+):
     """A coordinator whose plan has `chains` chains until transfers are measured."""
     state = CoordinatorState(
+        **extra,
         buffer=ReplayBuffer(staleness=1, group_size=2),
         limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
         group_id_of=lambda i: f"g{i}",
@@ -291,8 +294,9 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
 
 
 def test_manifest_with_a_bad_signature_is_refused():
-    """A manifest signed by another key (a spoofed learner) is refused by every worker: nothing of
-    that version is stored, relayed or installed. The next properly signed version goes through."""
+    """A manifest signed by another key (a spoofed learner) is refused by every worker: each one
+    records the refusal (the signature check ran), and nothing of that version is stored, relayed or
+    installed. The next properly signed version goes through."""
     server, state = start_coordinator(mode="chain", chains=2)
 
     async def scenario():
@@ -300,7 +304,10 @@ def test_manifest_with_a_bad_signature_is_refused():
             good_key = state.signing_key
             state.signing_key = Ed25519PrivateKey.generate()
             publish(state, 0)
-            await asyncio.sleep(1.0)  # every worker has fetched the manifest by now
+            # every worker has decided about version 0: refused it, or (were the check gone) installed it
+            while not all(0 in p.client.refused or 0 in p.installed for p in fleet.peers):
+                await asyncio.sleep(0.02)
+            assert all("signature" in p.client.refused.get(0, "") for p in fleet.peers)
             assert all(0 not in p.installed and 0 not in p.store.manifests for p in fleet.peers)
             assert all(p.client.installed_version == -1 for p in fleet.peers)
             state.signing_key = good_key
@@ -308,6 +315,34 @@ def test_manifest_with_a_bad_signature_is_refused():
             await fleet.installed(1)
             assert {p.installed[1] for p in fleet.peers} == {digest}
             assert all(0 not in p.installed for p in fleet.peers)
+
+    try:
+        bounded(scenario())
+    finally:
+        server.stop()
+
+
+def test_a_peer_marked_lost_registers_again_and_keeps_installing():
+    """The coordinator marks a peer lost (its clock jumps past the heartbeat timeout): the peer's
+    next heartbeat is refused as unknown, it registers again by the worker's one route (same relay,
+    same store) and installs the next version under its new id."""
+    now = [1000.0]
+    server, state = start_coordinator(mode="star", clock=lambda: now[0])
+
+    async def scenario():
+        async with Fleet(server.url, 1) as fleet:
+            (peer,) = fleet.peers
+            first = peer.worker_id
+            now[0] += 100.0
+            state.expire()
+            assert state.workers[first].status.value == "lost"
+            while peer.worker_id == first:
+                await asyncio.sleep(0.02)
+            assert peer.counts["reregistered"] == 1 and peer.client.worker_id == peer.worker_id
+            digest = publish(state, 0)
+            await fleet.installed(0)
+            assert peer.installed[0] == digest
+            assert peer.worker_id in state.bcast.installed_at[0]
 
     try:
         bounded(scenario())
@@ -398,17 +433,17 @@ def test_relay_requires_the_token_and_a_valid_range():
 
 
 def test_broadcast_only_worker_process():
-    """`python -m echo2.broadcast.relay` (what the broadcast bench runs per host) imports no torch,
+    """`python -m echo2.broadcast.peer` (what the broadcast bench runs per host) imports no torch,
     registers as a relay, installs and reports a snapshot, and exits 0 on SIGTERM."""
     import signal
     import subprocess
     import sys
     import time
 
-    check = "import sys, echo2.broadcast.relay; assert 'torch' not in sys.modules"
+    check = "import sys, echo2.broadcast.peer; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
     server, state = start_coordinator(mode="chain", chains=1)
-    cmd = [sys.executable, "-m", "echo2.broadcast.relay", "--coordinator", server.url, "--token", TOKEN]
+    cmd = [sys.executable, "-m", "echo2.broadcast.peer", "--coordinator", server.url, "--token", TOKEN]
     proc = subprocess.Popen([*cmd, "--name", "proc", "--inbound", "--relay-host", "127.0.0.1", "-q"])
     try:
         deadline = time.monotonic() + 60

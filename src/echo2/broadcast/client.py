@@ -2,6 +2,10 @@
 streams chunks from it, verifies each against the signed manifest before storing it, and on a dead,
 stalled or lying parent reports it and resumes from its first missing chunk with the new parent.
 The API is described in relay.py's docstring.
+
+Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
+typed refusals, one retry policy); chunk streams from a parent's relay use that client's session
+(same bearer token) with their own progress timeout, since a stream is not a coordinator call.
 """
 
 from __future__ import annotations
@@ -20,18 +24,19 @@ from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.chunks import Manifest, VerificationError, verify_manifest
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
+from echo2.control.client import CoordinatorClient, CoordinatorError, NotKept
+from echo2.control.protocol import FailureRequest, InstalledRequest, RegisterResponse, Route, RouteRequest
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- client
 def client_for(
-    url: str,
-    token: str,
+    coordinator: CoordinatorClient,
     worker_id: str,
     store: ChunkStore,
     relay,
-    reply: dict[str, Any],
+    reply: RegisterResponse,
     *,
     upload_mbps: float | None = None,
     download_mbps: float | None = None,
@@ -40,18 +45,17 @@ def client_for(
     (the run's `broadcast` section and the learner's public key); flags override the run's caps."""
     from echo2.broadcast.relay import mbit
 
-    bc = reply["run"].get("broadcast", {})
+    bc = reply.run.get("broadcast", {})
     up = upload_mbps if upload_mbps is not None else bc.get("worker_upload_mbps")
     down = download_mbps if download_mbps is not None else bc.get("worker_download_mbps")
     progress_timeout = bc.get("progress_timeout_s", 10.0)
     relay.upload_bucket = mbit(up)
     relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
     return BroadcastClient(
-        url,
-        token,
+        coordinator,
         worker_id,
         store,
-        public_key=reply["public_key"],
+        public_key=reply.public_key,
         download_bucket=mbit(down),
         progress_timeout=progress_timeout,
     )
@@ -59,14 +63,6 @@ def client_for(
 
 class BroadcastError(Exception):
     """A version could not be received (no longer kept by the learner, or too many failures)."""
-
-
-class CoordinatorError(Exception):
-    """The coordinator refused a broadcast call (HTTP status and its JSON reason)."""
-
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"HTTP {status}: {body}")
-        self.status, self.body = status, body
 
 
 class _ParentFailed(Exception):
@@ -84,8 +80,7 @@ class BroadcastClient:
 
     def __init__(
         self,
-        coordinator_url: str,
-        token: str,
+        coordinator: CoordinatorClient,
         worker_id: str,
         store: ChunkStore,
         *,
@@ -93,98 +88,73 @@ class BroadcastClient:
         download_bucket: TokenBucket | None = None,
         progress_timeout: float = 10.0,
         max_failures: int = 20,
-        call_timeout: float = 30.0,
     ) -> None:
-        self.url = coordinator_url.rstrip("/")
-        self.token = token
+        self.coordinator = coordinator
         self.worker_id = worker_id
         self.store = store
         self.public_key = public_key
         self.download_bucket = download_bucket
         self.progress_timeout = progress_timeout
         self.max_failures = max_failures
-        self.call_timeout = call_timeout
         self.transfers: dict[int, list[dict[str, Any]]] = {}
+        """Per version, the stream segments that ended cleanly: parent_id, bytes, seconds."""
         self.digests: dict[int, str] = {}
         """SHA-256 of each received snapshot, computed once (install report, callers' checks)."""
-        """Per version, the stream segments that ended cleanly: parent_id, bytes, seconds."""
         self.failures: list[tuple[int, str | None, str]] = []
         """(version, parent_id, reason) of every parent this client reported."""
+        self.refused: dict[int, str] = {}
+        """Versions whose manifest was refused (bad signature, malformed), and why."""
         self.installed_version = -1
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def _call(self, method: str, path: str, body: dict | None = None, **kw) -> Any:
-        timeout = aiohttp.ClientTimeout(total=kw.pop("timeout", self.call_timeout), connect=10)
-        async with self.session.request(method, self.url + path, json=body, timeout=timeout, **kw) as resp:
-            data = await resp.json(content_type=None)
-            if resp.status >= 400:
-                raise CoordinatorError(resp.status, data)
-            return data
 
     # ------------------------------------------------------------------ coordinator calls
     async def wait_published(self, after: int = -1, wait: float = 20.0) -> int:
         """The newest published version, as soon as it is newer than `after` (or after `wait` s)."""
-        reply = await self._call(
-            "GET", f"{API}/published", params={"after": after, "wait": wait}, timeout=wait + self.call_timeout
-        )
-        return int(reply["version"])
+        return await self.coordinator.published(after=after, wait=wait)
 
     async def manifest(self, version: int) -> Manifest:
         """The version's manifest, its signature checked against the learner's key, in the store."""
         if version in self.store.manifests:
             return self.store.manifests[version]
         try:
-            data = await self._call("GET", f"{API}/manifest/{version}")
-        except CoordinatorError as e:
-            if e.status == 404:
-                raise BroadcastError(f"version {version} is not kept by the learner") from None
-            raise
+            data = await self.coordinator.manifest(version)
+        except NotKept:
+            raise BroadcastError(f"version {version} is not kept by the learner") from None
         try:
-            manifest = Manifest.model_validate(data)
-        except ValidationError as e:
-            raise VerificationError(f"malformed manifest for version {version}: {e}") from None
-        verify_manifest(manifest, self.public_key)  # VerificationError: nothing stored
-        if manifest.version != version:
-            raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
+            manifest = _verified(data, version, self.public_key)
+        except VerificationError as e:  # nothing stored
+            self.refused[version] = str(e)
+            raise
         self.store.add_manifest(manifest)
         return manifest
 
-    async def _route(self, version: int, failed: tuple[str | None, _ParentFailed] | None = None) -> dict:
-        body: dict[str, Any] = {"worker_id": self.worker_id, "version": version}
-        path = f"{API}/broadcast/route"
-        if failed is not None:
-            parent_id, err = failed
-            body |= {"parent_id": parent_id, "reason": err.reason, "detail": err.detail[:1000]}
-            path = f"{API}/broadcast/failure"
+    async def _route(self, version: int, failed: tuple[str | None, _ParentFailed] | None = None) -> Route:
         try:
-            return await self._call("POST", path, body)
-        except CoordinatorError as e:
-            if isinstance(e.body, dict) and e.body.get("error") == "no_snapshot":
-                raise BroadcastError(f"version {version} is no longer kept by the learner") from None
-            raise
+            if failed is None:
+                return await self.coordinator.route(RouteRequest(worker_id=self.worker_id, version=version))
+            parent_id, err = failed
+            req = FailureRequest(
+                worker_id=self.worker_id,
+                version=version,
+                parent_id=parent_id,
+                reason=err.reason,
+                detail=err.detail[:1000],
+            )
+            return await self.coordinator.report_failure(req)
+        except NotKept:
+            raise BroadcastError(f"version {version} is no longer kept by the learner") from None
 
     async def report_installed(self, version: int, data: bytes) -> None:
         """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
         digest = self.digests.get(version) or await asyncio.to_thread(
             lambda: hashlib.sha256(data).hexdigest()
         )
-        body = {
-            "worker_id": self.worker_id,
-            "version": version,
-            "sha256": digest,
-            "transfers": self.transfers.pop(version, [])[-256:],
-        }
-        await self._call("POST", f"{API}/broadcast/installed", body)
+        req = InstalledRequest(
+            worker_id=self.worker_id,
+            version=version,
+            sha256=digest,
+            transfers=self.transfers.pop(version, [])[-256:],
+        )
+        await self.coordinator.report_installed(req)
 
     # ------------------------------------------------------------------ receiving
     async def fetch(self, version: int) -> bytes:
@@ -192,7 +162,7 @@ class BroadcastClient:
 
         Raises VerificationError if the manifest's signature is bad (nothing is stored),
         BroadcastError if the learner no longer keeps the version or `max_failures` parents failed,
-        and aiohttp/CoordinatorError if the coordinator cannot be reached."""
+        and CoordinatorError/Unreachable if the coordinator refuses or cannot be reached."""
         manifest = await self.manifest(version)
         self.transfers.setdefault(version, [])
         route = await self._route(version)
@@ -202,14 +172,14 @@ class BroadcastClient:
                 await self._stream(version, manifest, route, start)
             except _ParentFailed as failed:
                 failures += 1
-                self.failures.append((version, route["parent_id"], failed.reason))
-                parent = route["parent_id"] or "learner"
+                self.failures.append((version, route.parent_id, failed.reason))
+                parent = route.parent_id or "learner"
                 logger.info("version %d: parent %s failed (%s)", version, parent, failed)
                 if failures > self.max_failures:
                     raise BroadcastError(f"version {version}: {failures} parents failed") from failed
-                if route["parent_id"] is None:  # the learner itself: do not hammer it
+                if route.parent_id is None:  # the learner itself: do not hammer it
                     await asyncio.sleep(min(0.2 * 2**failures, 5.0))
-                route = await self._route(version, (route["parent_id"], failed))
+                route = await self._route(version, (route.parent_id, failed))
 
         # Joined and hashed once, off the event loop (relays go on); the hash goes in the install report.
         def join() -> tuple[bytes, str]:
@@ -226,10 +196,10 @@ class BroadcastClient:
             raise BroadcastError(f"version {version} was superseded while it was being received")
         return self.store.first_missing(version)
 
-    async def _stream(self, version: int, manifest: Manifest, route: dict, start: int) -> None:
+    async def _stream(self, version: int, manifest: Manifest, route: Route, start: int) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
         stored as it arrives. Raises _ParentFailed on anything but a complete, valid stream."""
-        base = route["url"] or self.url
+        base = route.url or self.coordinator.url
         # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
         # keep-alives well within progress_timeout while it has nothing to send)
         timeout = aiohttp.ClientTimeout(
@@ -237,7 +207,7 @@ class BroadcastClient:
         )
         started, received = time.monotonic(), 0
         try:
-            async with self.session.get(
+            async with self.coordinator.session.get(
                 f"{base}{API}/chunks/{version}", params={"from": start}, timeout=timeout
             ) as resp:
                 if resp.status != 200:
@@ -270,7 +240,7 @@ class BroadcastClient:
             raise _ParentFailed("incomplete", "the stream ended before the last chunk")
         self.transfers[version].append(
             {
-                "parent_id": route["parent_id"],
+                "parent_id": route.parent_id,
                 "bytes": received,
                 "seconds": max(time.monotonic() - started, 1e-6),
             }
@@ -312,19 +282,12 @@ class BroadcastClient:
         newest = -1
 
         async def report(version: int, data: bytes) -> None:
-            """The install report alone, retried (the snapshot is installed already)."""
-            while not stop.is_set():
-                try:
-                    return await self.report_installed(version, data)
-                except CoordinatorError as e:
-                    if e.status < 500:  # refused (unknown worker, wrong bytes): retrying cannot help
-                        logger.warning("version %d: install report refused: %s", version, e)
-                        return
-                    logger.info("version %d: install report failed (%r); retrying", version, e)
-                    await _sleep_unless(stop, retry_s)
-                except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                    logger.info("version %d: install report failed (%r); retrying", version, e)
-                    await _sleep_unless(stop, retry_s)
+            """The install report alone (the snapshot is installed already; the client retries
+            transient failures, and a refusal cannot be helped by sending it again)."""
+            try:
+                await self.report_installed(version, data)
+            except (CoordinatorError, OSError) as e:  # OSError: Unreachable included
+                logger.warning("version %d: install report not delivered: %r", version, e)
 
         async def receive(version: int) -> None:
             while not stop.is_set():
@@ -341,9 +304,9 @@ class BroadcastClient:
                 except (BroadcastError, VerificationError) as e:
                     logger.warning("version %d not installed: %s", version, e)
                     return
-                except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
+                except (aiohttp.ClientError, OSError, CoordinatorError) as e:  # e.g. while registering again
                     logger.info("version %d: %r; retrying", version, e)
-                    await _sleep_unless(stop, retry_s)
+                    await sleep_unless(stop, retry_s)
                 except Exception:  # e.g. the engine could not load it: keep the old version
                     logger.exception("version %d could not be installed", version)
                     return
@@ -352,9 +315,9 @@ class BroadcastClient:
             while not stop.is_set():
                 try:
                     latest = await _unless(stop, self.wait_published(after=newest))
-                except (aiohttp.ClientError, OSError, TimeoutError, CoordinatorError) as e:
+                except (aiohttp.ClientError, OSError, CoordinatorError) as e:
                     logger.debug("waiting for a version: %r", e)
-                    await _sleep_unless(stop, retry_s)
+                    await sleep_unless(stop, retry_s)
                     continue
                 if latest is not None and latest > newest:
                     newest = latest
@@ -365,6 +328,18 @@ class BroadcastClient:
             for t in tasks.values():
                 t.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def _verified(data: Any, version: int, public_key: str) -> Manifest:
+    """The manifest of `version`, its shape and its signature checked (VerificationError if not)."""
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as e:
+        raise VerificationError(f"malformed manifest for version {version}: {e}") from None
+    verify_manifest(manifest, public_key)
+    if manifest.version != version:
+        raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
+    return manifest
 
 
 def _chunk_len(manifest: Manifest, index: int) -> int:
@@ -385,7 +360,7 @@ async def _unless(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
         await asyncio.gather(task, stopped, return_exceptions=True)
 
 
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
     except TimeoutError:

@@ -8,7 +8,7 @@ chunk against the signed manifest before storing it (so before its own relay can
 on a dead, stalled or lying parent reports it and resumes from its first missing chunk with the new
 parent the coordinator names. `echo2 worker` uses these three; `BroadcastPeer` is a whole
 broadcast-only worker built from them (what `python bench/broadcast.py` runs, one per host or network
-namespace), and `python -m echo2.broadcast.relay --coordinator URL --token T --name N [--inbound]`
+namespace), and `python -m echo2.broadcast.peer --coordinator URL --token T --name N [--inbound]`
 runs one as a process.
 
 API, all coroutines run in one event loop::
@@ -18,13 +18,14 @@ API, all coroutines run in one event loop::
     url = await relay.start("127.0.0.1", 0)        # serves GET /v1/chunks/{version}; relay.port
     # register: POST {coordinator}/v1/register {"name", "inbound": true, "relay_port": relay.port}
     #   -> worker_id, public_key (hex), run["broadcast"]["progress_timeout_s"]
-    client = BroadcastClient(coordinator_url, TOKEN, worker_id, store, public_key=public_key,
+    coordinator = await CoordinatorClient.create(coordinator_url, TOKEN)   # control/client.py
+    client = BroadcastClient(coordinator, worker_id, store, public_key=public_key,
                              download_bucket=None, progress_timeout=10.0)
     v = await client.wait_published(after=-1)      # long poll: the newest published version
     data = await client.fetch(v)                    # the snapshot's bytes, every chunk verified
     await client.report_installed(v, data)          # once the snapshot is installed (T_bcast)
     await client.follow(stop, install)              # or: all of the above for every new version
-    await client.close(); await relay.stop()
+    await coordinator.close(); await relay.stop()
 
     peer = BroadcastPeer(coordinator_url, TOKEN, "name", inbound=True, download_mbps=100)
     await peer.run(stop)                            # until stop is set; peer.installed: {v: sha256}
@@ -251,9 +252,3 @@ class RelayServer:
             )
         finally:
             self._open.discard(transport)
-
-
-if __name__ == "__main__":  # the broadcast-only worker lives in peer.py; this entry point stays
-    from echo2.broadcast.peer import main
-
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Wire schemas of the coordinator's HTTP API (pydantic, `extra="forbid"`). See docs/protocol.md.
 
-Imports no torch and no aiohttp: the coordinator validates requests with these models, the worker
-builds them, and the tests use both.
+Imports no torch and no aiohttp: the coordinator validates requests with these models, and
+`CoordinatorClient` (control/client.py) sends them and parses the answers; the tests use both.
 """
 
 from __future__ import annotations

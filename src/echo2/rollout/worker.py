@@ -1,170 +1,309 @@
 """A rollout worker: register, install snapshots, lease prompts, generate, score, push, heartbeat.
 
-Owns the worker's side of the protocol (docs/protocol.md) and its fault tolerance: every call has a
-timeout; pushes are retried with backoff (ingestion is idempotent, so a retry never double-counts);
-an unknown-worker answer (coordinator restarted, or this worker was marked lost) re-registers; a
-stale or expired answer drops the batch (the coordinator reissues its prompts). On stop it returns
-its lease. The engine runs in a thread so heartbeats keep flowing while it generates.
+Owns the worker's side of the protocol (docs/protocol.md) as a loop: `Worker.run` is the entry
+point and reads top to bottom. It talks to the coordinator only through a `CoordinatorClient`
+(control/client.py: every call has a timeout, transient failures are retried by one policy) and
+acts on its typed refusals: `UnknownWorker` (coordinator restarted, or this worker was marked lost)
+registers again, by one route (`rejoin`), whoever sees it first; `Released` stops the worker;
+`Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the coordinator reissues its
+prompts). Pushes are retried safely, since ingestion is idempotent. On stop it returns its lease.
+The engine runs in a thread so heartbeats keep flowing while it generates.
 
-Snapshots arrive in a task of their own (`echo2.broadcast.relay`: verified chunks from the parent
-the coordinator names, relayed to this worker's child with `--inbound`) while the worker keeps
+Snapshots arrive in a task of their own (`BroadcastClient.follow`: verified chunks from the parent
+the coordinator names, relayed to this worker's child with `inbound`) while the worker keeps
 generating with the version it has; a complete, verified snapshot is installed between two
 generations, at once, and reported to the coordinator.
+
+The loop does not know what an engine is made of: `prepare`, `step`, `install_snapshot` and
+`version` are what a worker without an engine (`echo2.broadcast.peer.BroadcastPeer`) replaces.
+Torch and the model are imported only when an engine is built, so that peer stays torch-free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import aiohttp
-import torch
+from echo2.broadcast.client import BroadcastClient, client_for, sleep_unless
+from echo2.broadcast.relay import ChunkStore, RelayServer
+from echo2.control.client import (
+    CoordinatorClient,
+    CoordinatorError,
+    Invalid,
+    LeaseExpired,
+    Released,
+    RetryPolicy,
+    Stale,
+    UnknownWorker,
+    Unreachable,
+)
+from echo2.control.protocol import (
+    HeartbeatRequest,
+    LeaseRequest,
+    LeaseResponse,
+    PushRequest,
+    RegisterRequest,
+    RegisterResponse,
+    ReturnRequest,
+)
 
-from echo2.broadcast.client import BroadcastClient, CoordinatorError, client_for
-from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV, ChunkStore, RelayServer
-from echo2.config import Config
-from echo2.control.protocol import API
+if TYPE_CHECKING:
+    from echo2.config import Config
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """What `echo2 worker`'s flags say; the run's own config comes from the coordinator."""
+
+    url: str
+    """The coordinator, e.g. http://10.0.0.2:8765."""
+    token: str
+    name: str
+    price_per_hour: float = 0.0
+    hardware: str = "cpu"
+    inbound: bool = False
+    """Accepts inbound connections: runs a relay server on relay_host:relay_port."""
+    give_up_after: float = 300.0
+    """Seconds of unreachable coordinator after which a call gives up (and the worker stops)."""
+    emulate: float | None = None
+    """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
+    relay_host: str = "0.0.0.0"
+    relay_port: int = 0
+    relay_advertise: str | None = None
+    """Host peers reach the relay at; None: the address the coordinator sees."""
+    upload_mbps: float | None = None
+    download_mbps: float | None = None
+    """Caps in Mbit/s; None takes the run's broadcast.worker_upload_mbps / worker_download_mbps."""
+    fault_flip_byte: bool = False
+    """TEST-ONLY fault injection: the relay corrupts every chunk it forwards."""
+
+    def __post_init__(self) -> None:
+        if self.emulate is not None and not self.emulate > 0:
+            raise ValueError(f"emulate: must be > 0, got {self.emulate}")
 
 
 class RelayStartError(Exception):
     """The relay server could not listen where the flags say."""
 
 
-CallFailed = CoordinatorError  # one exception for a refused coordinator call (status, JSON body)
-
-
 class Worker:
-    def __init__(
-        self,
-        *,
-        url: str,
-        token: str,
-        name: str,
-        price_per_hour: float = 0.0,
-        hardware: str = "cpu",
-        inbound: bool = False,
-        give_up_after: float = 300.0,
-        emulate: float | None = None,
-        relay_host: str = "0.0.0.0",
-        relay_port: int = 0,
-        relay_advertise: str | None = None,
-        upload_mbps: float | None = None,
-        download_mbps: float | None = None,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.name = name
-        self.price_per_hour = price_per_hour
-        self.hardware = hardware
-        self.give_up_after = give_up_after
-        self.inbound = inbound
-        """Accepts inbound connections: runs a relay server on relay_host:relay_port."""
-        self.relay_host, self.relay_port, self.relay_advertise = relay_host, relay_port, relay_advertise
-        self.upload_mbps, self.download_mbps = upload_mbps, download_mbps
-        """Caps in Mbit/s; None takes the run's broadcast.worker_upload_mbps / worker_download_mbps."""
-        self.emulate = emulate
-        """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.coordinator: CoordinatorClient | None = None
         self.worker_id: str | None = None
-        self.config: Config | None = None
+        self.registration: RegisterResponse | None = None
+        self.heartbeat_interval = 1.0
+        self.store = ChunkStore()
+        self.relay = RelayServer(self.store, token=config.token, fault_flip_byte=config.fault_flip_byte)
+        self.bcast: BroadcastClient | None = None
+        self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
+        self.lease_id: str | None = None
+        self.throughput = 0.0
+        self.run_config: Config | None = None
         self.engine = None
         self.task = None
-        self.throughput = 0.0
-        self.lease_id: str | None = None
-        self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
-        self.store = ChunkStore()
-        self.relay = RelayServer(
-            self.store, token=token, fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1"
-        )
-        self.bcast: BroadcastClient | None = None
         self.engine_ready = asyncio.Event()
         self.engine_lock = asyncio.Lock()
         """Held while generating and while installing: a snapshot goes in between two generations."""
+        self._registering = asyncio.Lock()
 
-    # ------------------------------------------------------------------ HTTP
-    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
-        async with self.session.request(method, self.url + path, json=body) as resp:
-            if resp.status == 204:
-                return None
-            data = await resp.json(content_type=None)
-            if resp.status >= 400:
-                raise CallFailed(resp.status, data)
-            return data
+    # ------------------------------------------------------------------ the entry point
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set or the scheduler releases this worker. Raises Unreachable
+        (a ConnectionError) if the coordinator stays unreachable while not stopping."""
+        retry = RetryPolicy(give_up_after=self.config.give_up_after)
+        try:
+            async with await CoordinatorClient.create(
+                self.config.url, self.config.token, retry=retry, stop=stop
+            ) as self.coordinator:
+                await self._start_relay()
+                try:
+                    await self._serve(stop)
+                finally:
+                    await self._return_lease()
+                    await self.relay.stop()
+        except Unreachable:
+            if not stop.is_set():
+                raise
+            logger.info("stopping; coordinator unreachable")
 
-    async def _retry(self, what: str, fn, stop: asyncio.Event):
-        """Retry on connection trouble and 5xx with backoff, up to give_up_after seconds."""
-        delay, start = 0.2, time.monotonic()
-        while True:
+    async def _serve(self, stop: asyncio.Event) -> None:
+        await self.register()
+        beat = asyncio.create_task(self._heartbeat_forever(stop))  # alive while the model loads
+        bcast = asyncio.create_task(self.bcast.follow(stop, self.install_snapshot))
+        try:
+            await self.prepare()
+            self.engine_ready.set()
+            while not stop.is_set():
+                _surface(beat, bcast)
+                await self._as_member(stop, lambda: self.step(stop))
+        finally:
+            for task in (beat, bcast):
+                task.cancel()
+            await asyncio.gather(beat, bcast, return_exceptions=True)
+
+    async def _as_member(self, stop: asyncio.Event, call: Callable[[], Awaitable[object]]) -> None:
+        """Run `call`; an unknown-worker refusal registers again, a release stops the worker."""
+        seen = self.worker_id
+        try:
+            await call()
+        except UnknownWorker as e:
+            await self.rejoin(seen, e)
+        except Released as e:
+            logger.info("released by the coordinator (%s); stopping", e.detail)
+            stop.set()
+
+    async def _heartbeat_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             try:
-                return await fn()
-            except (aiohttp.ClientError, TimeoutError) as e:
-                problem = repr(e)
-            except CallFailed as e:
-                if e.status < 500:
-                    raise
-                problem = str(e)
-            if stop.is_set() or time.monotonic() - start > self.give_up_after:
-                raise ConnectionError(f"{what}: gave up after {time.monotonic() - start:.0f}s: {problem}")
-            logger.info("%s failed (%s); retrying in %.1fs", what, problem, delay)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
-            delay = min(delay * 2, 5.0)
+                await self._as_member(stop, self._heartbeat)
+            except (CoordinatorError, Unreachable) as e:  # the next beat tries again
+                logger.debug("heartbeat failed: %r", e)
+            await sleep_unless(stop, self.heartbeat_interval)
 
-    # ------------------------------------------------------------------ steps
-    async def register(self, stop: asyncio.Event) -> None:
-        body = {
-            "name": self.name,
-            "hardware": self.hardware,
-            "price_per_hour": self.price_per_hour,
-            "throughput": self.emulate or 0.0,
-            "inbound": self.inbound,
-        }
-        if self.relay.port is not None:
-            body["relay_port"] = self.relay.port
-            if self.relay_advertise:
-                body["relay_host"] = self.relay_advertise
-        reply = await self._retry("register", lambda: self._call("POST", f"{API}/register", body), stop)
-        self.worker_id = reply["worker_id"]
-        self.heartbeat_interval = reply["heartbeat_interval"]
-        if self.config is None:
-            from echo2.config import build_config
+    async def _heartbeat(self) -> None:
+        req = HeartbeatRequest(worker_id=self.worker_id, version=self.version, throughput=self.throughput)
+        await self.coordinator.heartbeat(req)
 
-            self.config = build_config(reply["run"])
+    # ------------------------------------------------------------------ membership
+    async def register(self) -> None:
+        c = self.config
+        req = RegisterRequest(
+            name=c.name,
+            hardware=c.hardware,
+            price_per_hour=c.price_per_hour,
+            throughput=c.emulate or 0.0,
+            inbound=c.inbound,
+            relay_port=self.relay.port,
+            relay_host=c.relay_advertise if self.relay.port is not None else None,
+        )
+        reply = await self.coordinator.register(req)
+        self.registration, self.worker_id = reply, reply.worker_id
+        self.heartbeat_interval = reply.heartbeat_interval
         if self.bcast is None:
             self.bcast = client_for(
-                self.url,
-                self.token,
-                self.worker_id,
+                self.coordinator,
+                reply.worker_id,
                 self.store,
                 self.relay,
                 reply,
-                upload_mbps=self.upload_mbps,
-                download_mbps=self.download_mbps,
+                upload_mbps=c.upload_mbps,
+                download_mbps=c.download_mbps,
             )
-        self.bcast.worker_id, self.bcast.public_key = self.worker_id, reply["public_key"]
-        logger.info("registered as %s with %s", self.worker_id, self.url)
+        self.bcast.worker_id, self.bcast.public_key = reply.worker_id, reply.public_key
+        logger.info("registered as %s with %s", self.worker_id, c.url)
+
+    async def rejoin(self, seen: str | None, refusal: CoordinatorError) -> None:
+        """The one route back after an unknown-worker refusal of a call made as `seen`: register
+        again, unless another task already did (same relay, same store, same engine)."""
+        async with self._registering:
+            if self.worker_id != seen:
+                return
+            logger.info("coordinator does not know us (%s); registering again", refusal.detail)
+            self.counts["reregistered"] += 1
+            await self.register()
+
+    async def _start_relay(self) -> None:
+        c = self.config
+        if not c.inbound:
+            return
+        try:
+            await self.relay.start(c.relay_host, c.relay_port)
+        except OSError as e:  # port in use, unknown host: the user's flags
+            raise RelayStartError(
+                f"--relay-host/--relay-port: cannot listen on {c.relay_host}:{c.relay_port} ({e})"
+            ) from None
+
+    async def _return_lease(self) -> None:
+        if not (self.lease_id and self.worker_id):
+            return
+        try:
+            await self.coordinator.return_lease(
+                ReturnRequest(worker_id=self.worker_id, lease_id=self.lease_id)
+            )
+        except (CoordinatorError, Unreachable) as e:
+            logger.info("could not return lease %s: %r", self.lease_id, e)
+
+    # ------------------------------------------------------------------ the engine (what a peer replaces)
+    @property
+    def version(self) -> int:
+        """The installed snapshot version (-1 while the model loads)."""
+        return self.engine.version if self.engine is not None else -1
+
+    async def prepare(self) -> None:
+        """Build the task and the engine from the run config the coordinator sent (in a thread)."""
+        from echo2.config import build_config
+
+        if self.run_config is None:
+            self.run_config = build_config(self.registration.run)
+        await asyncio.to_thread(self._build)
 
     def _build(self) -> None:
         from echo2.data.tasks import make_task
         from echo2.learning.model import load_model, load_tokenizer
         from echo2.rollout.engine import HFEngine
 
-        cfg = self.config
+        cfg = self.run_config
         self.task = make_task(cfg.task, seed=cfg.run.seed)
         tok = load_tokenizer(cfg.model)
-        if self.emulate:
+        if self.config.emulate is not None:
             from echo2.rollout.emulated import EmulatedEngine
 
-            self.engine = EmulatedEngine(tok, rate=self.emulate, seed=cfg.run.seed)
+            self.engine = EmulatedEngine(tok, rate=self.config.emulate, seed=cfg.run.seed)
             return
         model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
         self.engine = HFEngine(model, tok, cfg.rollout, version=-1)
+
+    async def step(self, stop: asyncio.Event) -> None:
+        """One lease worked through, or a short pause when there is nothing to do."""
+        if not await self.one_lease():
+            await sleep_unless(stop, 0.2)
+
+    async def one_lease(self) -> bool:
+        """Lease, generate, push. False when there was nothing to do."""
+        cfg = self.run_config
+        max_groups = cfg.coordinator.groups_per_lease or cfg.rollout.prompts_per_step
+        req = LeaseRequest(worker_id=self.worker_id, version=self.engine.version, max_groups=max_groups)
+        lease = await self.coordinator.lease(req)
+        if lease is None:
+            return False
+        self.lease_id = lease.lease_id
+        records = await self._generate(lease)
+        push = PushRequest(worker_id=self.worker_id, lease_id=lease.lease_id, records=records)
+        try:
+            await self.coordinator.push(push)
+            self.counts["pushed"] += len(records)
+        except (Stale, LeaseExpired, Invalid) as e:
+            self.counts["dropped"] += len(records)
+            logger.info("batch of %d dropped by the coordinator: %s %s", len(records), e.reason, e.detail)
+        self.lease_id = None
+        return True
+
+    async def _generate(self, lease: LeaseResponse) -> list[dict]:
+        """The lease's groups as wire records, generated under the engine lock, off the event loop."""
+        import torch
+
+        from echo2.rollout.collect import collect, rollout_seed
+
+        cfg = self.run_config
+        prompts = [self.task.train_prompt(i) for i in lease.indices]
+        started = time.monotonic()
+
+        def generate():
+            torch.manual_seed(rollout_seed(cfg.run.seed, lease.indices[0]))
+            return collect(self.engine, self.task, prompts, n=cfg.rollout.group_size)
+
+        async with self.engine_lock:
+            groups = await asyncio.to_thread(generate)
+        records = [r.to_dict() for g in groups for r in g]
+        self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
+        return records
 
     async def install_snapshot(self, version: int, data: bytes) -> None:
         """Install a verified snapshot (called by the broadcast task): parse it while the engine
@@ -175,124 +314,14 @@ class Worker:
 
         await self.engine_ready.wait()
         # an emulated engine has no weights to load
-        state = {} if self.emulate else await asyncio.to_thread(load, data)
+        state = {} if self.config.emulate is not None else await asyncio.to_thread(load, data)
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.install, Snapshot(version=version, state=state))
         logger.info("installed version %d", version)
 
-    async def heartbeat_forever(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                body = {
-                    "worker_id": self.worker_id,
-                    "version": self.engine.version if self.engine is not None else -1,  # still loading
-                    "throughput": self.throughput,
-                }
-                await self._call("POST", f"{API}/heartbeat", body)
-            except (aiohttp.ClientError, TimeoutError, CallFailed) as e:
-                logger.debug("heartbeat failed: %r", e)  # the main loop handles re-registration
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.heartbeat_interval)
-            except TimeoutError:
-                pass
 
-    async def one_lease(self, stop: asyncio.Event) -> bool:
-        """Lease, generate, push. False when there was nothing to do."""
-        from echo2.rollout.collect import collect, rollout_seed
-
-        cfg = self.config
-        body = {
-            "worker_id": self.worker_id,
-            "version": self.engine.version,
-            "max_groups": cfg.coordinator.groups_per_lease or cfg.rollout.prompts_per_step,
-        }
-        lease = await self._retry("lease", lambda: self._call("POST", f"{API}/lease", body), stop)
-        if lease is None:
-            return False
-        self.lease_id = lease["lease_id"]
-        prompts = [self.task.train_prompt(i) for i in lease["indices"]]
-        started = time.monotonic()
-
-        def generate():
-            torch.manual_seed(rollout_seed(cfg.run.seed, lease["indices"][0]))
-            return collect(self.engine, self.task, prompts, n=cfg.rollout.group_size)
-
-        async with self.engine_lock:
-            groups = await asyncio.to_thread(generate)
-        records = [r.to_dict() for g in groups for r in g]
-        self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
-        push = {"worker_id": self.worker_id, "lease_id": self.lease_id, "records": records}
-        try:
-            await self._retry("push", lambda: self._call("POST", f"{API}/trajectories", push), stop)
-            self.counts["pushed"] += len(records)
-        except CallFailed as e:
-            if e.status == 404:
-                raise
-            self.counts["dropped"] += len(records)
-            logger.info("batch of %d dropped by the coordinator: %s", len(records), e.body)
-        self.lease_id = None
-        return True
-
-    async def return_lease(self) -> None:
-        if self.lease_id and self.worker_id:
-            try:
-                body = {"worker_id": self.worker_id, "lease_id": self.lease_id}
-                await asyncio.wait_for(self._call("POST", f"{API}/lease/return", body), timeout=5)
-            except (aiohttp.ClientError, TimeoutError, CallFailed) as e:
-                logger.info("could not return lease %s: %r", self.lease_id, e)
-
-    # ------------------------------------------------------------------ main loop
-    async def run(self, stop: asyncio.Event) -> None:
-        try:
-            await self._run(stop)
-        except ConnectionError:
-            if not stop.is_set():
-                raise
-            logger.info("stopping; coordinator unreachable")
-
-    async def _run(self, stop: asyncio.Event) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        timeout = aiohttp.ClientTimeout(total=120, connect=10)
-        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as self.session:
-            if self.inbound:
-                try:
-                    await self.relay.start(self.relay_host, self.relay_port)
-                except OSError as e:  # port in use, unknown host: the user's flags
-                    raise RelayStartError(
-                        f"--relay-host/--relay-port: cannot listen on {self.relay_host}:{self.relay_port} ({e})"
-                    ) from None
-            beat = bcast = None
-            try:
-                await self.register(stop)
-                beat = asyncio.create_task(self.heartbeat_forever(stop))  # alive while the model loads
-                bcast = asyncio.create_task(self.bcast.follow(stop, self.install_snapshot))
-                await asyncio.to_thread(self._build)
-                self.engine_ready.set()
-                while not stop.is_set():
-                    if bcast.done():  # it only ends on stop; anything else is a bug to surface
-                        bcast.result()
-                    try:
-                        if not await self.one_lease(stop):
-                            try:
-                                await asyncio.wait_for(stop.wait(), timeout=0.2)
-                            except TimeoutError:
-                                pass
-                    except CallFailed as e:
-                        if e.status == 410:  # released by the scheduler: its provider stops us
-                            logger.info("released by the coordinator (%s); stopping", e.body)
-                            stop.set()
-                            break
-                        if e.status != 404 or stop.is_set():
-                            raise
-                        logger.info("coordinator does not know us (%s); registering again", e.body)
-                        self.counts["reregistered"] += 1
-                        await self.register(stop)
-            finally:
-                await self.return_lease()
-                for task in (beat, bcast):
-                    if task is not None:
-                        task.cancel()
-                await asyncio.gather(*(t for t in (beat, bcast) if t is not None), return_exceptions=True)
-                if self.bcast is not None:
-                    await self.bcast.close()
-                await self.relay.stop()
+def _surface(*tasks: asyncio.Task) -> None:
+    """Re-raise what ended a background task: they only end on stop, anything else is a bug."""
+    for task in tasks:
+        if task.done():
+            task.result()

@@ -1,0 +1,304 @@
+"""The one HTTP client of the coordinator's API (docs/protocol.md): `CoordinatorClient`.
+
+Owns the caller's side of the wire: one aiohttp session carrying the run's bearer token, one typed
+coroutine per endpoint built on the pydantic models of protocol.py, a timeout on every call, the
+mapping of refusals (status and JSON `error` reason) to typed exceptions, and ONE retry policy
+(tenacity): connection errors, timeouts and 5xx answers are retried with capped exponential backoff,
+bounded in attempts and in time, each retry logged; a 4xx answer is never retried. What a refusal
+means to the caller (register again, drop a batch, stop) is the caller's business: this module does
+not know what a worker or a snapshot is for.
+
+Usage::
+
+    async with await CoordinatorClient.create(url, token, retry=RetryPolicy(give_up_after=60)) as c:
+        reply = await c.register(RegisterRequest(name="w"))
+        lease = await c.lease(LeaseRequest(worker_id=reply.worker_id, version=-1, max_groups=1))
+
+The session is also what the broadcast client streams chunks from relays with (same token), so a
+worker holds one session in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+from pydantic import BaseModel
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+from tenacity.stop import stop_base
+
+from echo2.control.protocol import (
+    API,
+    FailureRequest,
+    HeartbeatRequest,
+    InstalledRequest,
+    LeaseRequest,
+    LeaseResponse,
+    PushRequest,
+    RegisterRequest,
+    RegisterResponse,
+    ReturnRequest,
+    Route,
+    RouteRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# ---------------------------------------------------------------------------- refusals
+class CoordinatorError(Exception):
+    """The coordinator answered with an error: HTTP `status`, its `reason` (the JSON `error`
+    field) and `detail`; `body` is the whole JSON answer."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status, self.body = status, body
+        fields = body if isinstance(body, dict) else {}
+        self.reason: str = str(fields.get("error", ""))
+        self.detail: str = str(fields.get("detail", ""))
+
+
+class Unauthorized(CoordinatorError):
+    """401: the bearer token is missing or wrong."""
+
+
+class UnknownWorker(CoordinatorError):
+    """404 unknown_worker: the coordinator does not know this worker id (restarted, or marked it
+    lost); registering again is the remedy."""
+
+
+class NotKept(CoordinatorError):
+    """404 no_snapshot: the version is not (or no longer) kept by the learner."""
+
+
+class Released(CoordinatorError):
+    """410 released: the scheduler released this worker; it should stop."""
+
+
+class LeaseExpired(CoordinatorError):
+    """409 lease_expired: the lease is not held by this worker any more (reissued)."""
+
+
+class Stale(CoordinatorError):
+    """409 stale: records older than the staleness bound allows."""
+
+
+class Invalid(CoordinatorError):
+    """400, 413 or 422: the request itself was refused (malformed, too large, wrong group, a
+    version from the future, wrong snapshot bytes...); the same request will be refused again."""
+
+
+class ServerError(CoordinatorError):
+    """5xx: the coordinator failed to answer (transient; retried)."""
+
+
+class Unreachable(ConnectionError):
+    """The retry policy gave up: the coordinator could not be reached (or kept failing) for
+    `give_up_after` seconds or `max_attempts` attempts, or the caller's stop event was set."""
+
+
+_BY_REASON: dict[tuple[int, str], type[CoordinatorError]] = {
+    (404, "unknown_worker"): UnknownWorker,
+    (404, "no_snapshot"): NotKept,
+    (409, "lease_expired"): LeaseExpired,
+    (409, "stale"): Stale,
+}
+_BY_STATUS: dict[int, type[CoordinatorError]] = {401: Unauthorized, 410: Released, 400: Invalid, 413: Invalid}
+
+
+def refusal(status: int, body: Any) -> CoordinatorError:
+    """The typed exception for an error answer (status >= 400)."""
+    reason = body.get("error", "") if isinstance(body, dict) else ""
+    cls = _BY_REASON.get((status, reason)) or _BY_STATUS.get(status)
+    if cls is None:
+        cls = ServerError if status >= 500 else Invalid if status == 422 else CoordinatorError
+    return cls(status, body)
+
+
+def is_transient(e: BaseException) -> bool:
+    """Worth retrying: the request may succeed as it is a moment later."""
+    return isinstance(e, ServerError | aiohttp.ClientConnectionError | TimeoutError | OSError)
+
+
+# ---------------------------------------------------------------------------- retry policy
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Capped exponential backoff for transient failures, bounded in attempts and in time."""
+
+    max_attempts: int = 200
+    give_up_after: float = 300.0
+    """Seconds from the first attempt after which no new attempt starts."""
+    initial_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.give_up_after < 0 or not 0 < self.initial_delay <= self.max_delay:
+            raise ValueError(f"retry policy out of range: {self}")
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+class _StopWhenSet(stop_base):
+    def __init__(self, event: asyncio.Event | None) -> None:
+        self.event = event
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.event is not None and self.event.is_set()
+
+
+# ---------------------------------------------------------------------------- client
+class CoordinatorClient:
+    """Typed calls to one coordinator. Build with `await CoordinatorClient.create(...)` or use as
+    an async context manager; `close()` is idempotent. `stop`, if given, ends retries (and the
+    sleeps between them) as soon as it is set."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        retry: RetryPolicy | None = None,
+        call_timeout: float = 60.0,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.call_timeout = call_timeout
+        self.stop = stop
+        self.retries = 0
+        """Attempts that failed transiently and were retried (for tests and status)."""
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+
+    @classmethod
+    async def create(cls, url: str, token: str, **kw: Any) -> CoordinatorClient:
+        """Build in a running event loop (aiohttp sessions belong to one)."""
+        return cls(url, token, **kw)
+
+    async def close(self) -> None:
+        if not self.session.closed:
+            await self.session.close()
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ the one request path
+    async def _once(self, method: str, path: str, body: BaseModel | None, timeout: float, params) -> Any:
+        json = body.model_dump() if body is not None else None
+        t = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
+        async with self.session.request(method, self.url + path, json=json, params=params, timeout=t) as resp:
+            if resp.status == 204:
+                return None
+            data = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise refusal(resp.status, data)
+            return data
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
+        """One API call: the JSON answer (None for 204), a typed CoordinatorError for a refusal,
+        Unreachable once the retry policy gives up on transient failures."""
+        policy = retry or self.retry
+        started = time.monotonic()
+
+        def log_retry(state: RetryCallState) -> None:
+            self.retries += 1
+            e = state.outcome.exception() if state.outcome else None
+            wait = state.next_action.sleep if state.next_action else 0.0
+            logger.info("%s %s failed (%r); retry %d in %.1fs", method, path, e, state.attempt_number, wait)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.max_attempts)
+            | stop_after_delay(policy.give_up_after)
+            | _StopWhenSet(self.stop),
+            wait=wait_exponential(multiplier=policy.initial_delay, max=policy.max_delay),
+            retry=retry_if_exception(is_transient),
+            before_sleep=log_retry,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return await retrying(self._once, method, path, body, timeout or self.call_timeout, params)
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            raise Unreachable(
+                f"{method} {path}: gave up after {time.monotonic() - started:.0f}s: {e!r}"
+            ) from e
+
+    async def _sleep(self, seconds: float) -> None:
+        if self.stop is None:
+            await asyncio.sleep(seconds)
+            return
+        try:
+            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    # ------------------------------------------------------------------ rollout
+    async def register(self, req: RegisterRequest) -> RegisterResponse:
+        return RegisterResponse.model_validate(await self.call("POST", f"{API}/register", req))
+
+    async def heartbeat(self, req: HeartbeatRequest) -> int:
+        """One heartbeat, not retried (the next one follows); returns the published version."""
+        reply = await self.call("POST", f"{API}/heartbeat", req, retry=NO_RETRY)
+        return int(reply["published_version"])
+
+    async def lease(self, req: LeaseRequest) -> LeaseResponse | None:
+        """A lease of prompts, or None when there is nothing to do now."""
+        reply = await self.call("POST", f"{API}/lease", req)
+        return None if reply is None else LeaseResponse.model_validate(reply)
+
+    async def return_lease(self, req: ReturnRequest, *, timeout: float = 5.0) -> None:
+        """Give a lease back (on stop): one attempt, short timeout."""
+        await self.call("POST", f"{API}/lease/return", req, retry=NO_RETRY, timeout=timeout)
+
+    async def push(self, req: PushRequest) -> dict[str, int]:
+        """Push a batch; retried safely (ingestion is idempotent). Returns accepted/duplicates."""
+        return await self.call("POST", f"{API}/trajectories", req)
+
+    # ------------------------------------------------------------------ snapshot broadcast
+    async def published(self, *, after: int = -1, wait: float = 20.0) -> int:
+        """Long poll: the newest published version, as soon as it is newer than `after`."""
+        reply = await self.call(
+            "GET", f"{API}/published", params={"after": after, "wait": wait}, timeout=wait + self.call_timeout
+        )
+        return int(reply["version"])
+
+    async def manifest(self, version: int) -> dict[str, Any]:
+        """The signed manifest of `version` as sent (the receiver validates and verifies it)."""
+        return await self.call("GET", f"{API}/manifest/{version}")
+
+    async def route(self, req: RouteRequest) -> Route:
+        return Route.model_validate(await self.call("POST", f"{API}/broadcast/route", req))
+
+    async def report_failure(self, req: FailureRequest) -> Route:
+        """Report the parent that failed; returns the new route."""
+        return Route.model_validate(await self.call("POST", f"{API}/broadcast/failure", req))
+
+    async def report_installed(self, req: InstalledRequest) -> None:
+        await self.call("POST", f"{API}/broadcast/installed", req)
