@@ -27,8 +27,8 @@ from common import write_json
 from echo2.config import ArithmeticTask as ArithmeticConfig
 from echo2.config import GGUFModel, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
-from echo2.learning.model import gguf_model_dir, load_model, load_tokenizer
 from echo2.learning.step import make_optimizer, train_step
+from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.rollout.collect import collect
 from echo2.rollout.engine import HFEngine
 

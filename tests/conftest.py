@@ -9,7 +9,7 @@ from echo2.config import RolloutConfig, TinyModel
 @pytest.fixture(scope="session")
 def tiny():
     """(model, tokenizer) of the tiny random Llama; the tokenizer is SmolLM2's, from the GGUF."""
-    from echo2.learning.model import load_model, load_tokenizer
+    from echo2.models import load_model, load_tokenizer
 
     torch.set_num_threads(2)
     cfg = TinyModel()

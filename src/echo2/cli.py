@@ -205,9 +205,9 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
     _setup_logging(args.quiet)
     from echo2.learning.loop import run  # heavy: torch, transformers
+    from echo2.learning.source import SourceSpec
 
     fleet = _local_provider(config, args) if config.scheduler.provider == "local" else None
-    remote = args.command == "learner" or workers > 0 or fleet is not None
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if workers:
@@ -218,22 +218,17 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         config = config.model_copy(
             update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
         )
-        on_ready = fleet.start
+        spec = SourceSpec(fleet=fleet)
+    elif args.command == "learner":
+        spec = SourceSpec(
+            remote=True,
+            on_ready=lambda source: print(f"coordinator: {source.url}  token: {source.token}", flush=True),
+        )
     else:
-
-        def on_ready(source) -> None:
-            if remote:
-                print(f"coordinator: {source.url}  token: {source.token}", flush=True)
-
+        spec = SourceSpec()
     try:
         summary = run(
-            config,
-            run_dir=run_dir,
-            resume=bool(args.resume),
-            progress=not args.quiet,
-            remote=remote,
-            on_ready=on_ready,
-            provider=fleet if config.scheduler.provider == "local" else None,
+            config, run_dir=run_dir, resume=bool(args.resume), progress=not args.quiet, source_spec=spec
         )
     finally:
         if fleet:

@@ -12,6 +12,7 @@ import pytest
 
 from echo2.config import load_config
 from echo2.learning.loop import run
+from echo2.learning.source import SourceSpec
 from echo2.metrics import read_metrics
 from echo2.rollout.local_fleet import LocalFleet
 
@@ -50,7 +51,12 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
             time.sleep(0.05)
 
     try:
-        summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
+        summary = run(
+            config,
+            run_dir=tmp_path / "run",
+            progress=False,
+            source_spec=SourceSpec(remote=True, on_ready=on_ready),
+        )
     finally:
         fleet.stop()
     assert summary["steps"] == 4 and summary["broadcast_mode"] == mode

@@ -25,15 +25,19 @@ def test_three_step_run_then_resume(tmp_path, capsys):
         "train/clip_fraction",
         "staleness/mean",
         "time/step",
+        "time/learner_wait",
         "throughput/rollout_tokens_per_s",
         "throughput/train_tokens_per_s",
     ):
         assert key in rows[0]
     assert all(r["staleness/max"] == 0 for r in rows)
+    assert "time/rollout" not in rows[0], "the learner's wait is reported once, as time/learner_wait"
+    assert [r["staleness/count_0"] for r in rows] == [8.0, 16.0, 24.0], "one cumulative histogram"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["eval/count"] == 4 and summary["eval_after"] is not None
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
     assert state["step"] == 3 and state["version"] == 3 and state["source"]["next_prompt"] == 6
+    assert state["staleness_histogram"] == {"0": 24} == summary["staleness_histogram"]
     assert "held-out accuracy" in capsys.readouterr().out
 
     # a second plain start refuses to overwrite the run
@@ -45,6 +49,7 @@ def test_three_step_run_then_resume(tmp_path, capsys):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["version"] == 5
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
     assert state["source"]["next_prompt"] == 10, "prompts continue where the first run stopped"
+    assert rows[-1]["staleness/count_0"] == 40.0, "the histogram is restored with the checkpoint"
     assert json.loads((run_dir / "summary.json").read_text())["eval_before"] == summary["eval_before"]
 
 
@@ -97,3 +102,23 @@ def test_unknown_custom_task_exits_2(tmp_path, capsys):
         == 2
     )
     assert "task.factory: cannot load 'nowhere:Task'" in capsys.readouterr().err
+
+
+def test_a_bad_model_path_exits_2_and_writes_nothing(tmp_path, capsys):
+    """The model is loaded before the run directory is created: a mistake leaves nothing behind."""
+    run_dir = tmp_path / "run"
+    missing = tmp_path / "no-such-model"
+    assert (
+        main(["run", TINY, f"--run.dir={run_dir}", "--model.type=hf", f"--model.path={missing}", "-q"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "model.path" in err and str(missing) in err
+    assert not run_dir.exists(), "no run directory, so no config.toml, for a run that never started"
+
+
+def test_a_bad_tokenizer_file_exits_2_naming_the_key(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    bad = tmp_path / "none.gguf"
+    assert main(["run", TINY, f"--run.dir={run_dir}", f"--model.tokenizer_file={bad}", "-q"]) == 2
+    assert "model.tokenizer_file" in capsys.readouterr().err
+    assert not run_dir.exists()

@@ -16,6 +16,7 @@ import pytest
 from echo2.cli import main
 from echo2.config import load_config
 from echo2.learning.loop import run
+from echo2.learning.source import SourceSpec
 from echo2.metrics import read_metrics
 from echo2.rollout.local_fleet import LocalFleet
 
@@ -127,7 +128,12 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
         threading.Thread(target=kill_when_busy, daemon=True).start()
 
     try:
-        summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
+        summary = run(
+            config,
+            run_dir=tmp_path / "run",
+            progress=False,
+            source_spec=SourceSpec(remote=True, on_ready=on_ready),
+        )
         survivors_alive = sorted(o.name for o in fleet.running())
     finally:
         fleet.stop()
@@ -169,7 +175,12 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
         threading.Thread(target=outage, daemon=True).start()
 
     try:
-        summary = run(config, run_dir=tmp_path / "run", progress=False, remote=True, on_ready=on_ready)
+        summary = run(
+            config,
+            run_dir=tmp_path / "run",
+            progress=False,
+            source_spec=SourceSpec(remote=True, on_ready=on_ready),
+        )
     finally:
         fleet.stop()
     assert seen.get("restarted") and summary["steps"] == 30

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from echo2.learning.grpo import group_advantages, grpo_loss, token_logprobs
+from echo2.learning.grpo import group_advantages, grpo_loss
+from echo2.models import token_logprobs
 
 
 def test_group_advantages_hand_computed():

@@ -5,7 +5,8 @@ in the buffer, whoever generated them. It measures how long it waited (learner i
 coordinator state measures when each published version ran on a fraction q of the live workers
 (T_bcast at q = 0.9 and q = 1, from the workers' install reports). Snapshots are signed with the
 learner's key (RUN_DIR/learner_key.pem unless `broadcast.key_file` names another) and disseminated
-as `[broadcast]` says (docs/architecture.md).
+as `[broadcast]` says (docs/architecture.md). Implements the `RolloutSource` seam
+(learning/source.py); knows nothing of training.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import secrets
 import statistics
 import time
-from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 def serialise(snapshot: Snapshot) -> bytes:
     from safetensors.torch import save
 
-    return save(snapshot.state)  # publish() cloned every tensor, so tied weights share no storage
+    return save(snapshot.state)  # make_snapshot() cloned every tensor, so tied weights share no storage
 
 
 class RemoteRollout:
@@ -49,8 +50,11 @@ class RemoteRollout:
         vocab_size: int,
         provider=None,
         run_dir: Path | None = None,
+        on_start: Iterable[Callable[[RemoteRollout], None]] = (),
     ) -> None:
+        """`on_start` hooks run once the first snapshot is published (start workers, print the URL)."""
         self.config = config
+        self.on_start = list(on_start)
         self.buffer = buffer
         self.t_train: list[float] = []
         ccfg, bc = config.coordinator, config.broadcast
@@ -94,7 +98,6 @@ class RemoteRollout:
         worker_view["run"] = {"seed": config.run.seed}
         self.idle = 0.0
         self.train = 0.0
-        self.staleness_hist: Counter[int] = Counter()
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -121,8 +124,7 @@ class RemoteRollout:
             )
         with self.state.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
-            self.staleness_hist.update(staleness)
-            stats = {"time/learner_wait": waited, "time/rollout": waited, **self._bcast_metrics()}
+            stats = {"time/learner_wait": waited, **self._bcast_metrics()}
         return groups, staleness, stats
 
     def _bcast_metrics(self) -> dict[str, float]:
@@ -142,6 +144,12 @@ class RemoteRollout:
 
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
+
+    def start(self, snapshot: Snapshot) -> None:
+        """Workers start from the learner's current weights; then the hooks (start local workers)."""
+        self.publish(snapshot)
+        for hook in self.on_start:
+            hook(self)
 
     def publish(self, snapshot: Snapshot) -> None:
         data = serialise(snapshot)
@@ -198,7 +206,6 @@ class RemoteRollout:
     def _timings(self) -> dict[str, Any]:
         busy = self.idle + self.train
         return {
-            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "t_train": statistics.median(self.t_train) if self.t_train else None,
             "t_bcast": statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else None,
             "t_bcast_all": (

@@ -23,12 +23,6 @@ def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: f
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """logits [B, K, V], targets [B, K] -> log pi(target) [B, K] at the given temperature."""
-    logits = logits.float() / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LossStats:
     loss: float

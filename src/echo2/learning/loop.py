@@ -1,10 +1,11 @@
 """The GRPO learner loop (`echo2 run`, `echo2 learner`).
 
-Reads top to bottom: load task, tokenizer and model; evaluate; then per step take whole admissible
-groups from the rollout source, train, advance the version, publish a snapshot every kappa steps;
-evaluate again and checkpoint. The source is either the learner's own engine taking turns with it
-(`LocalRollout`, no workers) or the coordinator fed by remote workers (`RemoteRollout`); the loop
-does not know which. Rollout engines only ever see published snapshots.
+Reads top to bottom: load and check task, tokenizer and model (nothing is written to the run
+directory before they load); evaluate; then per step take whole admissible groups from the rollout
+source, train, advance the version, hand the source a snapshot every kappa steps; evaluate again and
+checkpoint. The source (learning/source.py) is built once by `make_source` from what the caller
+chose: the learner's own engine taking turns with it, or a coordinator fed by workers. The loop
+does not know which. Rollout engines only ever see snapshots.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import logging
 import os
 import statistics
 import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +25,19 @@ from tqdm import tqdm
 from echo2.config import Config, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
-from echo2.learning.checkpoint import load_checkpoint, save_checkpoint
-from echo2.learning.model import load_model, load_tokenizer
+from echo2.learning.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
+from echo2.models import load_model, load_tokenizer
 from echo2.records import Snapshot
 from echo2.rollout.collect import evaluate
 from echo2.rollout.engine import HFEngine
-from echo2.rollout.local import LocalRollout
 
 logger = logging.getLogger(__name__)
 
 
-def publish(model, version: int) -> Snapshot:
+def make_snapshot(model, version: int) -> Snapshot:
     """An immutable copy of the learner's weights; the learner keeps training its own."""
     return Snapshot(version=version, state={k: v.detach().clone() for k, v in model.state_dict().items()})
 
@@ -49,54 +48,48 @@ def run(
     run_dir: Path,
     resume: bool = False,
     progress: bool = True,
-    remote: bool = False,
-    on_ready: Callable[[Any], None] = lambda source: None,
-    provider=None,
+    source_spec: SourceSpec | None = None,
 ) -> dict[str, Any]:
-    """Train for `learner.steps`. With `remote`, serve a coordinator and train on what workers push;
-    `on_ready(source)` is called once it listens (to start workers or print the URL); a `provider`
-    lets the scheduler start and stop workers (control/provider.py)."""
+    """Train for `learner.steps` on rollouts from the source `source_spec` names (default: the
+    learner's own engine). A config mistake (task, model path, tokenizer) raises `ConfigError`
+    before anything is written to `run_dir`."""
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
 
-    # ---- task (validated before anything is written), tokenizer, policy, optimizer, rollout source
+    # ---- task, tokenizer, policy, optimizer: all loaded (and so checked) before run_dir is touched
     task = make_task(config.task, seed=config.run.seed)
     eval_prompts = task.eval_prompts(config.run.eval_size)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_toml = dump_toml(config)
-    (run_dir / "config.toml").write_text(config_toml)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
     optimizer = make_optimizer(model, lcfg)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
-    state: dict[str, Any] = {"step": 0, "version": 0, "eval_before": None}
-    saved_source = None
+    state, source_state = LearnerState(), None
     if resume:
-        state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
-        saved_source = state.pop("source")
-        logger.info("resumed %s at step %d (version %d)", run_dir, state["step"], state["version"])
-    engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state["version"])
-    buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
-    buffer.set_learner_version(state["version"])
-    if remote:
-        from echo2.control.remote import RemoteRollout
+        state, source_state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
+        logger.info("resumed %s at step %d (version %d)", run_dir, state.step, state.version)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_toml = dump_toml(config)
+    (run_dir / "config.toml").write_text(config_toml)
 
-        source = RemoteRollout(
-            config=config,
-            task=task,
-            buffer=buffer,
-            vocab_size=len(tokenizer),
-            provider=provider,
-            run_dir=run_dir,
-        )
-    else:
-        source = LocalRollout(engine=engine, task=task, buffer=buffer, config=rcfg, seed=config.run.seed)
-    if saved_source:
-        source.load_state_dict(saved_source)
+    # ---- the rollout source, the metrics file
+    engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state.version)
+    buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
+    buffer.set_learner_version(state.version)
+    source = make_source(
+        config,
+        spec=source_spec or SourceSpec(),
+        task=task,
+        buffer=buffer,
+        engine=engine,
+        vocab_size=len(tokenizer),
+        run_dir=run_dir,
+    )
+    if source_state is not None:
+        source.load_state_dict(source_state)
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
-        kept = [r for r in read_metrics(metrics_path) if r["step"] < state["step"]]
+        kept = [r for r in read_metrics(metrics_path) if r["step"] < state.step]
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     metrics = MetricsWriter(metrics_path)
 
@@ -105,23 +98,21 @@ def run(
             run_dir,
             model=model,
             optimizer=optimizer,
-            state={**state, "source": source.state_dict()},
+            state=state,
+            source_state=source.state_dict(),
             config_toml=config_toml,
         )
 
     try:
-        if state["eval_before"] is None and eval_prompts:
-            state["eval_before"] = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
-            logger.info("held-out accuracy before training: %.3f", state["eval_before"]["eval/accuracy"])
-        if remote:
-            source.publish(publish(model, state["version"]))  # workers start from the current weights
-        on_ready(source)
+        if state.eval_before is None and eval_prompts:
+            state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
+            logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
+        source.start(make_snapshot(model, state.version))  # rollouts start from the current weights
 
         # ---- the loop
-        staleness_hist: Counter[int] = Counter()
         bar = tqdm(
-            range(state["step"], lcfg.steps),
-            initial=state["step"],
+            range(state.step, lcfg.steps),
+            initial=state.step,
             total=lcfg.steps,
             desc="grpo",
             disable=not progress,
@@ -142,25 +133,25 @@ def run(
                 ref_model=ref_model,
             )
             t2 = time.perf_counter()
-            state["step"] = step + 1
-            state["version"] += 1
-            source.advance(state["version"])
-            if state["version"] % lcfg.publish_every == 0:
-                source.publish(publish(model, state["version"]))
+            state.step = step + 1
+            state.version += 1
+            source.advance(state.version)
+            if state.version % lcfg.publish_every == 0:
+                source.publish(make_snapshot(model, state.version))
             source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
-            staleness_hist.update(staleness)
+            state.staleness.update(staleness)
             row = {
                 "step": step,
-                "version": state["version"],
+                "version": state.version,
                 "reward/mean": statistics.fmean(r.reward for r in records),
                 "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
                 "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
                 **stats,
                 "staleness/mean": statistics.fmean(staleness),
                 "staleness/max": float(max(staleness)),
-                **{f"staleness/count_{k}": float(v) for k, v in sorted(staleness_hist.items())},
+                **{f"staleness/count_{k}": float(v) for k, v in sorted(state.staleness.items())},
                 "buffer/rejected_stale": float(buffer.rejected["stale"]),
                 "time/step": t2 - t0,
                 "time/train": t2 - t1,
@@ -169,7 +160,7 @@ def run(
             }
             metrics.write(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
-            if config.run.checkpoint_every and state["step"] % config.run.checkpoint_every == 0:
+            if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
                 save()
         extra = source.timings()
     finally:
@@ -177,25 +168,25 @@ def run(
         source.close()
 
     # ---- final evaluation and checkpoint
-    engine.install(publish(model, state["version"]))
+    engine.install(make_snapshot(model, state.version))
     eval_after = (
         evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
     )
     save()
     summary = {
-        "steps": state["step"],
-        "version": state["version"],
-        "eval_before": state["eval_before"],
+        "steps": state.step,
+        "version": state.version,
+        "eval_before": state.eval_before,
         "eval_after": eval_after,
         "rejected": dict(buffer.rejected),
-        "staleness_histogram": {str(k): v for k, v in sorted(staleness_hist.items())},
+        "staleness_histogram": state.to_json()["staleness_histogram"],
         **extra,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if eval_after:
         logger.info(
             "held-out accuracy: before %.3f, after %.3f",
-            (state["eval_before"] or {}).get("eval/accuracy", float("nan")),
+            (state.eval_before or {}).get("eval/accuracy", float("nan")),
             eval_after["eval/accuracy"],
         )
     return summary

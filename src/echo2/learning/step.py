@@ -12,7 +12,8 @@ import torch
 
 from echo2.config import LearnerConfig
 from echo2.data.tasks.base import TrainBatch, to_tensors
-from echo2.learning.grpo import group_advantages, grpo_loss, token_logprobs
+from echo2.learning.grpo import group_advantages, grpo_loss
+from echo2.models import token_logprobs
 from echo2.records import Trajectory
 
 

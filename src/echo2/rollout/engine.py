@@ -1,9 +1,9 @@
 """Generation engines: prompts in, sampled token ids and their behaviour log-probs out.
 
 The engine knows models and tokenizers but nothing of rewards, buffers or training. It generates
-under exactly one installed snapshot version at a time. Behaviour log-probs are log-softmax of the
-logits at the sampling temperature (top-p truncation is not renormalised into them), which is what
-the learner recomputes, so the importance ratio is 1 for an unchanged policy.
+under exactly one installed snapshot version at a time. Behaviour log-probs are `echo2.models.token_logprobs`
+of the logits at the sampling temperature (top-p truncation is not renormalised into them), the
+function the learner recomputes them with, so the importance ratio is 1 for an unchanged policy.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from echo2.config import RolloutConfig
 from echo2.data.tasks.base import Prompt
+from echo2.models import token_logprobs
 from echo2.records import Snapshot
 
 
@@ -120,11 +121,10 @@ class HFEngine:
         )
         new_tokens = out.sequences[:, width:]  # [B*n, L]
         temperature = 1.0 if greedy else cfg.temperature
-        token_lp = torch.stack(
+        # One step at a time: stacking the steps' logits would hold [B*n, L, V] at once.
+        token_lp = torch.cat(
             [
-                torch.log_softmax(step.float() / temperature, dim=-1).gather(1, new_tokens[:, t : t + 1])[
-                    :, 0
-                ]
+                token_logprobs(step[:, None], new_tokens[:, t : t + 1], temperature=temperature)
                 for t, step in enumerate(out.logits)
             ],
             dim=1,

@@ -1,53 +1,23 @@
 """In-process rollout source: the learner's own engine generates when the learner asks for data.
 
-Learner and rollout take turns (the foundation loop). Implements the same `RolloutSource` seam as
-`echo2.control.remote.RemoteRollout`, so the learner loop does not know which one it drives.
+Learner and rollout take turns (the foundation loop): the learner's wait for data is the rollout
+time. Implements the `RolloutSource` seam (learning/source.py) as `echo2.control.remote.RemoteRollout`
+does, so the learner loop does not know which one it drives. Knows nothing of training.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from echo2.config import RolloutConfig
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
-from echo2.records import Snapshot, Trajectory
+from echo2.records import Snapshot
 from echo2.rollout.collect import collect, rollout_seed
 from echo2.rollout.engine import Engine
-
-
-class RolloutSource(Protocol):
-    """Where the learner gets whole groups of admissible records. Implemented by `LocalRollout`
-    (in process) and `RemoteRollout` (coordinator + workers)."""
-
-    buffer: ReplayBuffer
-
-    def next_groups(self, num_groups: int) -> tuple[list[list[Trajectory]], list[int], dict[str, float]]:
-        """Whole groups, their records' staleness, and rollout metrics; blocks until available."""
-        ...
-
-    def advance(self, version: int) -> None:
-        """The learner moved to `version`: evict what is now too stale."""
-        ...
-
-    def publish(self, snapshot: Snapshot) -> None: ...
-
-    def record_train_time(self, seconds: float) -> None:
-        """The learner's step time, for T_train and the bubble ratio."""
-        ...
-
-    def timings(self) -> dict[str, Any]:
-        """Measurements for the run summary (T_train, T_bcast, idle time, ...)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class LocalRollout:
@@ -74,10 +44,13 @@ class LocalRollout:
             groups,
             staleness,
             {
-                "time/rollout": elapsed,
+                "time/learner_wait": elapsed,
                 "throughput/rollout_tokens_per_s": tokens / max(elapsed, 1e-9),
             },
         )
+
+    def start(self, snapshot: Snapshot) -> None:
+        self.engine.install(snapshot)
 
     def advance(self, version: int) -> None:
         self.buffer.set_learner_version(version)

