@@ -246,7 +246,7 @@ class Worker:
 
     def _build(self) -> None:
         from echo2.data.tasks import make_task
-        from echo2.learning.model import load_model, load_tokenizer
+        from echo2.models import load_model, load_tokenizer
         from echo2.rollout.engine import HFEngine
 
         cfg = self.run_config
