@@ -156,7 +156,7 @@ def test_fleet_plans_provider_calls_without_calling():
     )
     steps = fleet.plan(reg, slots, now=0.0)
     assert [(s.name, s.call) for s in steps] == [("c", Call(name="c", start=True))]
-    assert steps[0].decision.worker_id == OFFER + "c" and fleet.decisions == deque_of()
+    assert steps[0].decision.worker_id == OFFER + "c" and not fleet.decisions
     fleet.record(steps[0], 0.0)
     assert [d["worker"] for d in fleet.decisions] == ["c"]
     lost = reg.expire(100.0)
@@ -165,12 +165,6 @@ def test_fleet_plans_provider_calls_without_calling():
     assert (
         Fleet(scheduler=Scheduler(), target=lambda: None, has_provider=True).plan(reg, slots, now=0.0) == []
     )
-
-
-def deque_of():
-    from collections import deque
-
-    return deque()
 
 
 # ---------------------------------------------------------------------- the façade

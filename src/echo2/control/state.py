@@ -197,8 +197,9 @@ class CoordinatorState:
                 self.bcast.update_t_bcast(peers)  # the live set changed: a quantile may be reached now
                 self.bcast.evict(self.keep, peers)
                 stops = self.fleet.stop_lost(lost)
+                scheduling = self.fleet.scheduler is not None and self.fleet.target() is not None
             self._call(stops)
-            if self.fleet.scheduler is None:
+            if not scheduling:
                 return
             slots = Slots.read(self.provider) if self.provider is not None else None
             with self.lock:
