@@ -50,6 +50,18 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _part(part: str, name: str, *, settable: bool = False) -> property:
+    """A field of one of the parts, read (and, if `settable`, written) through the façade."""
+
+    def get(self: CoordinatorState):
+        return getattr(getattr(self, part), name)
+
+    def put(self: CoordinatorState, value) -> None:
+        setattr(getattr(self, part), name, value)
+
+    return property(get, put if settable else None, doc=f"`self.{part}.{name}`")
+
+
 class CoordinatorState:
     def __init__(
         self,
@@ -95,47 +107,20 @@ class CoordinatorState:
         self.published_version = -1
         self.closed = False
 
-    # ------------------------------------------------------------------ the parts, as before
-    @property
-    def workers(self) -> dict[str, WorkerInfo]:
-        return self.registry.workers
-
-    @property
-    def heartbeat_timeout(self) -> float:
-        return self.registry.heartbeat_timeout
-
-    @property
-    def buffer(self) -> ReplayBuffer:
-        return self.ingestion.buffer
-
-    @property
-    def leases(self) -> dict[str, Lease]:
-        return self.ingestion.leases
-
-    @property
-    def reissue(self):
-        return self.ingestion.reissue
-
-    @property
-    def next_index(self) -> int:
-        return self.ingestion.next_index
-
-    @next_index.setter
-    def next_index(self, value: int) -> None:
-        self.ingestion.next_index = value
-
-    @property
-    def rejected(self):
-        """Records refused at ingestion, by reason."""
-        return self.ingestion.rejected
-
-    @property
-    def accepted(self) -> int:
-        return self.ingestion.accepted
-
-    @property
-    def decisions(self):
-        return self.fleet.decisions
+    # ------------------------------------------------------------------ the parts' fields, as before
+    # Callers written before the split (the learner's RemoteRollout, tests, benchmarks) read these.
+    workers = _part("registry", "workers")
+    heartbeat_timeout = _part("registry", "heartbeat_timeout")
+    buffer = _part("ingestion", "buffer")
+    leases = _part("ingestion", "leases")
+    reissue = _part("ingestion", "reissue")
+    next_index = _part("ingestion", "next_index", settable=True)
+    rejected = _part("ingestion", "rejected")
+    accepted = _part("ingestion", "accepted")
+    reissued = _part("ingestion", "reissued")
+    decisions = _part("fleet", "decisions")
+    scheduler = _part("fleet", "scheduler")
+    target = _part("fleet", "target")
 
     # ------------------------------------------------------------------ workers
     def register(
