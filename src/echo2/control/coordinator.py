@@ -1,7 +1,8 @@
 """The coordinator's HTTP service (aiohttp), run by the learner process in a background thread.
 
 Owns the transport only: authentication, body-size cap, per-handler timeout, request validation and
-the mapping of `Rejected` to 4xx answers with a reason. Every decision is made by `CoordinatorState`.
+the mapping of refusals (control/errors.py) to HTTP statuses, in one table (`STATUS`) and one
+middleware. Every decision is made by `CoordinatorState` (or the subclass it is given).
 The endpoints are documented in docs/protocol.md. As the learner's end of snapshot broadcast it also
 serves signed manifests and chunk streams (the learner is the parent of every chain's seed), paced
 by one uplink token bucket shared by all of them.
@@ -23,6 +24,8 @@ from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
+from echo2.control import errors
+from echo2.control.errors import Reason, Refused, Unreadable
 from echo2.control.protocol import (
     API,
     FailureRequest,
@@ -38,7 +41,7 @@ from echo2.control.protocol import (
     RouteRequest,
     SnapshotInfo,
 )
-from echo2.control.state import CoordinatorState, Rejected
+from echo2.control.state import CoordinatorState
 from echo2.records import InvalidTrajectory, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -51,8 +54,24 @@ WRITE_TIMEOUT = 60.0
 LONG_POLL_MAX = 25.0
 
 
+STATUS: dict[type[Refused], int] = {
+    errors.Unreadable: 400,
+    errors.UnknownWorker: 404,
+    errors.NoSnapshot: 404,
+    errors.Conflict: 409,
+    errors.Released: 410,
+    errors.Invalid: 422,
+}
+"""The HTTP status of each kind of refusal: that of the nearest ancestor listed here."""
+
+
 def _error(status: int, reason: str, detail: str) -> web.Response:
     return web.json_response({"error": reason, "detail": detail}, status=status)
+
+
+def refusal(error: Refused) -> web.Response:
+    """The one answer to every refusal: its status from `STATUS`, `{"error": reason, "detail": ...}`."""
+    return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
 
 
 class Coordinator:
@@ -121,12 +140,12 @@ class Coordinator:
                 return await handler(request)
             async with asyncio.timeout(HANDLER_TIMEOUT):
                 return await handler(request)
-        except Rejected as e:
-            return _error(e.status, e.reason, e.detail)
+        except Refused as e:
+            return refusal(e)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            return _error(422, "malformed", f"{where}: {err['msg']}")
+            return refusal(errors.Invalid(Reason.MALFORMED, f"{where}: {err['msg']}"))
         except web.HTTPRequestEntityTooLarge:
             return _error(413, "too_large", f"body over {self.max_body} bytes")
         except TimeoutError:
@@ -138,7 +157,7 @@ class Coordinator:
             raw = await request.read()
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
-            raise Rejected(400, "malformed", f"body is not JSON: {e}") from None
+            raise Unreadable(f"body is not JSON: {e}") from None
         return model.model_validate(data)
 
     # ------------------------------------------------------------------ handlers
@@ -178,12 +197,9 @@ class Coordinator:
         lease = self.state.lease(req.worker_id, version=req.version, max_groups=req.max_groups)
         if lease is None:
             return web.Response(status=204)
-        deadline = lease.deadline - self.state.clock()
-        return web.json_response(
-            LeaseResponse(
-                lease_id=lease.lease_id, indices=list(lease.indices), deadline_s=deadline
-            ).model_dump()
-        )
+        deadline_s = lease.deadline - self.state.clock()
+        body = LeaseResponse(lease_id=lease.lease_id, indices=list(lease.indices), deadline_s=deadline_s)
+        return web.json_response(body.model_dump())
 
     async def return_lease(self, request: web.Request) -> web.Response:
         req = await self._body(request, ReturnRequest)
@@ -193,38 +209,28 @@ class Coordinator:
     async def push(self, request: web.Request) -> web.Response:
         try:
             req = await self._body(request, PushRequest)
-        except (ValidationError, Rejected):
-            with self.state.lock:
-                self.state.rejected["malformed"] += 1  # a batch that does not parse counts once
+        except (ValidationError, Refused):
+            self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
         try:
             records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
-            with self.state.lock:
-                self.state.rejected[e.reason] += len(req.records)
-            raise Rejected(422, e.reason, str(e)) from None
+            self.state.count_rejected(e.reason, len(req.records))
+            raise errors.InvalidBatch(e.reason, str(e)) from None
         return web.json_response(self.state.ingest(req.worker_id, req.lease_id, records))
 
     async def manifest(self, request: web.Request) -> web.Response:
-        with self.state.lock:
-            v = self.state.published_version
-            blob = self.state.snapshots.get(v)
-        if blob is None:
-            return _error(404, "no_snapshot", "nothing published yet")
+        blob = self.state.blob()
         return web.json_response(
-            SnapshotInfo(version=v, size=len(blob.data), sha256=blob.sha256).model_dump()
+            SnapshotInfo(version=blob.version, size=len(blob.data), sha256=blob.sha256).model_dump()
         )
 
     def _blob(self, request: web.Request):
         try:
             version = int(request.match_info["version"])
         except ValueError:
-            raise Rejected(400, "malformed", "version must be an integer") from None
-        with self.state.lock:
-            blob = self.state.snapshots.get(version)
-        if blob is None:
-            raise Rejected(404, "no_snapshot", f"version {version} is not kept")
-        return blob
+            raise Unreadable("version must be an integer") from None
+        return self.state.blob(version)
 
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
         """The whole snapshot in one body (tools, debugging; workers use the chunk streams)."""
@@ -255,7 +261,7 @@ class Coordinator:
                 raise ValueError
             wait = min(max(wait, 0.0), LONG_POLL_MAX)
         except ValueError:
-            raise Rejected(400, "malformed", "after must be an integer and wait a number") from None
+            raise Unreadable("after must be an integer and wait a number") from None
         try:
             async with asyncio.timeout(wait):
                 while self.state.published_version <= after and not (self.state.closed or self._stopping):
@@ -287,7 +293,7 @@ class Coordinator:
         try:
             start, end = parse_range(request.query, blob.manifest.num_chunks)
         except BadRange as e:
-            raise Rejected(400, "malformed", str(e)) from None
+            raise Unreadable(str(e)) from None
 
         async def get_chunk(index: int, wait: float) -> memoryview:
             self.state.record_bytes_served(len(blob.chunks[index]))
@@ -323,35 +329,7 @@ class Coordinator:
         return web.json_response({"ok": True})
 
     async def status(self, request: web.Request) -> web.Response:
-        st = self.state
-        with st.lock:
-            body = {
-                "learner_version": st.buffer.learner_version,
-                "published_version": st.published_version,
-                "workers": [
-                    {
-                        "worker_id": w.worker_id,
-                        "name": w.name,
-                        "state": "standby" if w.standby and w.status.value == "active" else w.status.value,
-                        "version": w.version,
-                        "throughput": w.throughput,
-                        "price_per_hour": w.price_per_hour,
-                        "inbound": w.inbound,
-                        "hardware": w.hardware,
-                    }
-                    for w in st.workers.values()
-                ],
-                "buffer_by_version": {str(k): v for k, v in st.buffer.contents_by_version().items()},
-                "accepted": st.accepted,
-                "rejected": dict(st.rejected),
-                "buffer_rejected": dict(st.buffer.rejected),
-                "leases_open": len(st.leases),
-                "reissue_queue": len(st.reissue),
-                "reissued": st.reissued,
-                "scheduler_target": st.target() if st.scheduler else None,
-                "scheduler_decisions": list(st.decisions)[-20:],  # all of them with a learner (timings)
-                "broadcast": st.bcast.status({w.worker_id: w.name for w in st.workers.values()}, st.clock()),
-            }
+        body = self.state.status()
         body.update(self.status_extra())
         return web.json_response(body)
 

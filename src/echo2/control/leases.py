@@ -1,0 +1,188 @@
+"""Leases and ingestion: which prompts each worker generates, and the checked hand-off of its
+records to the replay buffer.
+
+Pure bookkeeping with the caller's clock and the caller's lease ids: no lock (the state façade in
+state.py holds one), no I/O. Owns the open leases, the prompt cursor, the reissue queue and the
+ingestion counters. A lease's prompts go back to the queue when it expires, is returned, turns out
+stale or its worker is lost. Ingestion is all-or-nothing: a batch with one bad record is refused
+whole with a reason (errors.py) and changes nothing but the refusal counter (and, when stale, the
+reissue queue). Does not know whether a worker is registered: the façade checks that first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from echo2.control.errors import InvalidBatch, LeaseExpired, Reason, Refused, Stale
+from echo2.data.buffer import ReplayBuffer
+from echo2.records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, kw_only=True)
+class Lease:
+    lease_id: str
+    worker_id: str
+    indices: tuple[int, ...]
+    group_ids: frozenset[str]
+    deadline: float
+    done_groups: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    vocab_size: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    group_size: int
+
+
+class Leases:
+    def __init__(
+        self,
+        *,
+        buffer: ReplayBuffer,
+        limits: Limits,
+        group_id_of: Callable[[int], str],
+        lease_timeout: float,
+    ) -> None:
+        self.buffer = buffer
+        self.limits = limits
+        self.group_id_of = group_id_of
+        self.lease_timeout = lease_timeout
+        self.leases: dict[str, Lease] = {}
+        self.next_index = 0
+        self.reissue: deque[int] = deque()
+        self.rejected: Counter[str] = Counter()
+        """Records refused at ingestion, by reason."""
+        self.accepted = 0
+        self.reissued = 0
+        """Prompts put back in the queue (expired, returned or stale leases, lost workers)."""
+
+    # ------------------------------------------------------------------ leases
+    def admits(self, version: int) -> bool:
+        """Records generated with `version` would be admitted now (-1: nothing installed yet)."""
+        return version >= max(0, self.buffer.min_version())
+
+    def issue(self, lease_id: str, worker_id: str, *, max_groups: int, now: float) -> Lease:
+        """Reissued prompts first, then new ones."""
+        assert lease_id not in self.leases, f"lease id {lease_id!r} issued twice"
+        indices = []
+        while len(indices) < max_groups and self.reissue:
+            indices.append(self.reissue.popleft())
+        while len(indices) < max_groups:
+            indices.append(self.next_index)
+            self.next_index += 1
+        lease = Lease(
+            lease_id=lease_id,
+            worker_id=worker_id,
+            indices=tuple(indices),
+            group_ids=frozenset(self.group_id_of(i) for i in indices),
+            deadline=now + self.lease_timeout,
+        )
+        self.leases[lease_id] = lease
+        return lease
+
+    def give_back(self, worker_id: str, lease_id: str) -> None:
+        """The worker returns its lease (a lease it does not hold: nothing happens)."""
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.worker_id == worker_id:
+            self.put_back(lease)
+
+    def put_back(self, lease: Lease) -> None:
+        """Close `lease`; its prompts whose groups are not complete go back to the queue."""
+        del self.leases[lease.lease_id]
+        todo = [i for i in lease.indices if self.group_id_of(i) not in lease.done_groups]
+        self.reissue.extend(todo)
+        self.reissued += len(todo)
+        logger.info("lease %s of %s reissued (%d groups)", lease.lease_id, lease.worker_id, len(todo))
+
+    def put_back_all(self, worker_id: str) -> None:
+        for lease in [le for le in self.leases.values() if le.worker_id == worker_id]:
+            self.put_back(lease)
+
+    def expire(self, now: float, lost: Callable[[str], bool]) -> None:
+        """Put back leases past their deadline and those of lost workers."""
+        for lease in list(self.leases.values()):
+            if now > lease.deadline or lost(lease.worker_id):
+                self.put_back(lease)
+
+    def pending(self) -> list[int]:
+        """Prompts handed out or queued but not generated yet (for a checkpoint)."""
+        return list(self.reissue) + [i for lease in self.leases.values() for i in lease.indices]
+
+    # ------------------------------------------------------------------ ingestion
+    def ingest(
+        self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int
+    ) -> dict[str, int]:
+        """Store a batch whole or not at all. A retried batch is acknowledged, stored once."""
+        fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+        if not fresh:
+            return {"accepted": 0, "duplicates": len(records)}
+        try:
+            self.check(worker_id, lease_id, fresh, published_version=published_version)
+        except Refused as e:
+            self.rejected[e.reason] += len(fresh)
+            lease = self.leases.get(lease_id)
+            if isinstance(e, Stale) and lease is not None and lease.worker_id == worker_id:
+                self.put_back(lease)  # regenerate these prompts under a newer version
+            raise
+        lease = self.leases[lease_id]
+        stored = self.buffer.add(fresh)
+        assert stored == len(fresh), "validated records are all admitted"
+        for gid in Counter(r.group_id for r in fresh):
+            if self.buffer.group_count(gid) == self.limits.group_size:
+                lease.done_groups.add(gid)
+        if lease.done_groups == lease.group_ids:
+            del self.leases[lease_id]
+        self.accepted += stored
+        return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+
+    def check(
+        self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int
+    ) -> None:
+        """The first rule a batch breaks, as a refusal (docs/protocol.md lists them in this order)."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.worker_id != worker_id:
+            raise LeaseExpired(f"lease {lease_id!r} is not held by this worker")
+        lim = self.limits
+        floor = self.buffer.min_version()
+        for r in records:
+            where = f"record {r.record_id}"
+            if r.group_id not in lease.group_ids:
+                raise InvalidBatch(
+                    Reason.WRONG_GROUP, f"{where}: group {r.group_id} is not in lease {lease_id}"
+                )
+            if r.version > published_version:
+                raise InvalidBatch(
+                    Reason.FUTURE_VERSION, f"{where}: version {r.version} > published {published_version}"
+                )
+            if r.version < floor:
+                raise Stale(f"{where}: version {r.version} < learner version - S = {floor}")
+            if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
+                raise InvalidBatch(
+                    Reason.TOO_LONG,
+                    f"{where}: {len(r.prompt_ids)} prompt / {len(r.response_ids)} response tokens",
+                )
+            if not r.response_ids:
+                raise InvalidBatch(Reason.MALFORMED, f"{where}: empty response")
+            if any(not 0 <= t < lim.vocab_size for t in r.prompt_ids + r.response_ids):
+                raise InvalidBatch(Reason.OUT_OF_VOCAB, f"{where}: token id outside [0, {lim.vocab_size})")
+        for gid, n in Counter(r.group_id for r in records).items():
+            if self.buffer.group_count(gid) + n > lim.group_size:
+                raise InvalidBatch(Reason.GROUP_OVERFLOW, f"group {gid}: more than {lim.group_size} records")
+
+    def status(self) -> dict:
+        """The ingestion figures GET /status shows."""
+        return {
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "buffer_rejected": dict(self.buffer.rejected),
+            "leases_open": len(self.leases),
+            "reissue_queue": len(self.reissue),
+            "reissued": self.reissued,
+        }
