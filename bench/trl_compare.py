@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 from common import write_json
 
-from echo2.config import ArithmeticTaskConfig
-from echo2.config import GGUFModelConfig, LearnerConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import make_optimizer, train_step
 from echo2.models import gguf_model_dir, load_model, load_tokenizer

@@ -132,7 +132,9 @@ def load_tokenizer(config: HFModelConfig | GGUFModelConfig | TinyModelConfig):
     return tok
 
 
-def load_model(config: HFModelConfig | GGUFModelConfig | TinyModelConfig, *, vocab_size: int, seed: int) -> PreTrainedModel:
+def load_model(
+    config: HFModelConfig | GGUFModelConfig | TinyModelConfig, *, vocab_size: int, seed: int
+) -> PreTrainedModel:
     """The policy in fp32 on CPU, in train mode."""
     if config.type == "hf":
         src = _hf_source(config.path)

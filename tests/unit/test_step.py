@@ -6,8 +6,7 @@ import copy
 
 import torch
 
-from echo2.config import ArithmeticTaskConfig
-from echo2.config import LearnerConfig
+from echo2.config import ArithmeticTaskConfig, LearnerConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import make_optimizer, micro_batches, response_logprobs, train_step

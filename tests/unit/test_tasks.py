@@ -7,8 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from echo2.config import ArithmeticTaskConfig
-from echo2.config import MathTaskConfig
+from echo2.config import ArithmeticTaskConfig, MathTaskConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.arithmetic import extract_integer
 from echo2.data.tasks.math import TaskFileError
@@ -85,7 +84,9 @@ def test_math_task_reads_parquet(tmp_path):
     f = tmp_path / "t.parquet"
     pq.write_table(pa.table({"problem": ["1+1?", "2+2?"], "solution": [2, 4]}), f)
     task = make_task(
-        MathTaskConfig(train_file=str(f), eval_file=str(f), question_field="problem", answer_field="solution"),
+        MathTaskConfig(
+            train_file=str(f), eval_file=str(f), question_field="problem", answer_field="solution"
+        ),
         seed=0,
     )
     p = task.train_prompt(0)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from echo2.config import ArithmeticTaskConfig
-from echo2.config import ConfigError, CustomTaskConfig
-from echo2.config import MathTaskConfig
+from echo2.config import ArithmeticTaskConfig, ConfigError, CustomTaskConfig, MathTaskConfig
 from echo2.data.tasks.base import Task
 
 

@@ -11,8 +11,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from echo2.config import ConfigError
-from echo2.config import MathTaskConfig
+from echo2.config import ConfigError, MathTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 
 SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
