@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 from common import write_json
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
-from echo2.config import GGUFModel, LearnerConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import make_optimizer, train_step
 from echo2.models import gguf_model_dir, load_model, load_tokenizer
@@ -34,8 +33,8 @@ from echo2.rollout.engine import HFEngine
 
 
 def run_echo2(args, task, prompts_per_step):
-    tok = load_tokenizer(GGUFModel())
-    model = load_model(GGUFModel(), vocab_size=len(tok), seed=0)
+    tok = load_tokenizer(GGUFModelConfig())
+    model = load_model(GGUFModelConfig(), vocab_size=len(tok), seed=0)
     rcfg = RolloutConfig(
         prompts_per_step=args.prompts,
         group_size=args.n,
@@ -178,7 +177,7 @@ def main() -> None:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     total = args.steps + 1
     prompts = [[task.train_prompt(s * args.prompts + i) for i in range(args.prompts)] for s in range(total)]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from echo2.config import RolloutConfig, TinyModel
+from echo2.config import RolloutConfig, TinyModelConfig
 
 
 @pytest.fixture(scope="session")
@@ -12,7 +12,7 @@ def tiny():
     from echo2.models import load_model, load_tokenizer
 
     torch.set_num_threads(2)
-    cfg = TinyModel()
+    cfg = TinyModelConfig()
     tok = load_tokenizer(cfg)
     return load_model(cfg, vocab_size=len(tok), seed=0), tok
 

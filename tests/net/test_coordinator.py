@@ -325,9 +325,9 @@ class FakeProvider:
     """Records start/stop calls; a started slot runs until stopped."""
 
     def __init__(self, offers) -> None:
-        from echo2.control.provider import Offer
+        from echo2.control.selection import WorkerOffer
 
-        self.all = {name: Offer(name=name, throughput=mu, price=price) for name, mu, price in offers}
+        self.all = {name: WorkerOffer(name=name, throughput=mu, price=price) for name, mu, price in offers}
         self.live: set[str] = set()
         self.failed: set[str] = set()
         self.calls: list[tuple[str, str]] = []

@@ -12,11 +12,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import public_key_hex
 from echo2.control.errors import InvalidBatch, LeaseExpired, Released, Stale, UnknownWorker
-from echo2.control.fleet import OFFER, Call, Fleet, Slots
+from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.leases import Leases, Limits
-from echo2.control.provider import Offer
 from echo2.control.registry import Registry, WorkerStatus
-from echo2.control.scheduler import Scheduler
+from echo2.control.scheduler import Kind, Scheduler
+from echo2.control.selection import WorkerOffer
 from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
@@ -151,12 +151,15 @@ def test_fleet_plans_provider_calls_without_calling():
     fleet = Fleet(scheduler=Scheduler(sustain_s=0.0), target=lambda: 2.0, has_provider=True)
     add(reg, "w1", name="a", provided=True, price_per_hour=0.3)
     slots = Slots(
-        offers=[Offer(name="c", throughput=1.0, price=0.4), Offer(name="d", throughput=1.0, price=0.9)],
+        offers=[
+            WorkerOffer(name="c", throughput=1.0, price=0.4),
+            WorkerOffer(name="d", throughput=1.0, price=0.9),
+        ],
         running=[],
     )
     steps = fleet.plan(reg, slots, now=0.0)
     assert [(s.name, s.call) for s in steps] == [("c", Call(name="c", start=True))]
-    assert steps[0].decision.worker_id == OFFER + "c" and not fleet.decisions
+    assert steps[0].decision.kind is Kind.SLOT and steps[0].decision.worker_id == "c" and not fleet.decisions
     fleet.record(steps[0], 0.0)
     assert [d["worker"] for d in fleet.decisions] == ["c"]
     lost = reg.expire(100.0)
@@ -199,7 +202,7 @@ class LockCheckingProvider:
 
     def __init__(self, offers) -> None:
         self.lock: threading.RLock | None = None
-        self.all = {n: Offer(name=n, throughput=mu, price=p) for n, mu, p in offers}
+        self.all = {n: WorkerOffer(name=n, throughput=mu, price=p) for n, mu, p in offers}
         self.live: set[str] = set()
         self.failed: set[str] = set()
         self.calls: list[str] = []

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
+from echo2.config import ArithmeticTaskConfig
 from echo2.data.tasks import make_task
 from echo2.records import Snapshot
 from echo2.rollout.collect import collect
@@ -12,7 +12,7 @@ def test_emulated_engine_paces_to_its_rate_and_makes_valid_records(tiny):
     slept = []
     engine = EmulatedEngine(tok, rate=4.0, sleep=slept.append)
     engine.install(Snapshot(version=3, state={}))
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     groups = collect(engine, task, [task.train_prompt(i) for i in range(2)], n=4)
     assert len(slept) == 1 and 1.5 < slept[0] <= 2.0  # 8 trajectories at 4/s take 2 s
     records = [r for g in groups for r in g]

@@ -4,11 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo2.control.selection import WorkerType, exact, greedy
+from echo2.control.selection import WorkerOffer, exact, greedy
 
 POOL = [
-    WorkerType(name="cheap-slow", count=4, throughput=1.0, price=0.30),  # rho 0.30
-    WorkerType(name="fast", count=2, throughput=3.0, price=0.75),  # rho 0.25
+    WorkerOffer(name="cheap-slow", count=4, throughput=1.0, price=0.30),  # rho 0.30
+    WorkerOffer(name="fast", count=2, throughput=3.0, price=0.75),  # rho 0.25
 ]
 
 
@@ -33,7 +33,7 @@ def test_infeasible_pool_activates_everything():
 
 worker_types = st.lists(
     st.builds(
-        lambda i, count, mu, price: WorkerType(name=f"t{i}", count=count, throughput=mu, price=price),
+        lambda i, count, mu, price: WorkerOffer(name=f"t{i}", count=count, throughput=mu, price=price),
         st.integers(0, 10**6),
         st.integers(1, 6),
         st.floats(0.1, 20, allow_nan=False),

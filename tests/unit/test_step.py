@@ -6,8 +6,7 @@ import copy
 
 import torch
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
-from echo2.config import LearnerConfig
+from echo2.config import ArithmeticTaskConfig, LearnerConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import make_optimizer, micro_batches, response_logprobs, train_step
@@ -18,7 +17,7 @@ from echo2.rollout.engine import HFEngine
 
 def make_groups(tiny, rollout_cfg, seed=0):
     model, tok = tiny
-    task = make_task(ArithmeticConfig(), seed=seed)
+    task = make_task(ArithmeticTaskConfig(), seed=seed)
     engine = HFEngine(copy.deepcopy(model), tok, rollout_cfg)
     torch.manual_seed(seed)
     prompts = [task.train_prompt(i) for i in range(rollout_cfg.prompts_per_step)]
@@ -108,7 +107,7 @@ def test_micro_batching_does_not_change_the_update(tiny, rollout_cfg):
 def test_shared_prefill_gives_the_same_greedy_samples(tiny, rollout_cfg):
     """n samples share one prefill of their prompt; greedily they must equal a single generation."""
     model, tok = tiny
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     engine = HFEngine(copy.deepcopy(model), tok, rollout_cfg)
     prompts = [task.train_prompt(i) for i in range(3)] + task.eval_prompts(1)  # different lengths
     single = engine.generate(prompts, n=1, greedy=True)

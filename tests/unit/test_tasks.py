@@ -7,8 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
-from echo2.config import MathTask as MathConfig
+from echo2.config import ArithmeticTaskConfig, MathTaskConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.arithmetic import extract_integer
 from echo2.data.tasks.math import TaskFileError
@@ -31,7 +30,7 @@ def test_extract_integer(text, want):
 
 
 def test_arithmetic_scoring_including_malformed_answers():
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     prompt = task.train_prompt(0)
     right = task.score(prompt, f"The result is {prompt.answer}.")
     assert right.correct and right.reward == 1.0
@@ -42,9 +41,9 @@ def test_arithmetic_scoring_including_malformed_answers():
 
 
 def test_arithmetic_is_seeded_and_eval_is_held_out():
-    a, b = make_task(ArithmeticConfig(), seed=1), make_task(ArithmeticConfig(), seed=1)
+    a, b = make_task(ArithmeticTaskConfig(), seed=1), make_task(ArithmeticTaskConfig(), seed=1)
     assert [a.train_prompt(i) for i in range(20)] == [b.train_prompt(i) for i in range(20)]
-    c = make_task(ArithmeticConfig(), seed=2)
+    c = make_task(ArithmeticTaskConfig(), seed=2)
     assert [p.group_id for p in (a.train_prompt(i) for i in range(20))] != [
         p.group_id for p in (c.train_prompt(i) for i in range(20))
     ]
@@ -55,7 +54,7 @@ def test_arithmetic_is_seeded_and_eval_is_held_out():
 
 
 def test_arithmetic_answers_are_right():
-    task = make_task(ArithmeticConfig(difficulty=3), seed=0)
+    task = make_task(ArithmeticTaskConfig(difficulty=3), seed=0)
     for i in range(50):
         p = task.train_prompt(i)
         a, op, b = p.metadata["question"].rstrip(" =").split()
@@ -71,7 +70,7 @@ def test_math_task_scores_with_math_verify(tmp_path):
     rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
     rows.append({"question": "Half of one?", "answer": "\\frac{1}{2}"})
     f = write_jsonl(tmp_path / "t.jsonl", rows)
-    task = make_task(MathConfig(train_file=str(f), eval_fraction=0.2), seed=0)
+    task = make_task(MathTaskConfig(train_file=str(f), eval_fraction=0.2), seed=0)
     assert len(task.eval_prompts(100)) == 3
     half = task.eval_prompts(100)[-1]
     assert task.score(half, "So the answer is \\boxed{0.5}.").correct
@@ -85,7 +84,9 @@ def test_math_task_reads_parquet(tmp_path):
     f = tmp_path / "t.parquet"
     pq.write_table(pa.table({"problem": ["1+1?", "2+2?"], "solution": [2, 4]}), f)
     task = make_task(
-        MathConfig(train_file=str(f), eval_file=str(f), question_field="problem", answer_field="solution"),
+        MathTaskConfig(
+            train_file=str(f), eval_file=str(f), question_field="problem", answer_field="solution"
+        ),
         seed=0,
     )
     p = task.train_prompt(0)
@@ -105,7 +106,7 @@ def test_math_task_reads_parquet(tmp_path):
 def test_bad_task_file_names_file_line_and_field(tmp_path, rows, where):
     f = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(TaskFileError, match="bad.jsonl" + where.replace("(", r"\(")):
-        make_task(MathConfig(train_file=str(f), eval_file=str(f)), seed=0)
+        make_task(MathTaskConfig(train_file=str(f), eval_file=str(f)), seed=0)
 
 
 def test_bad_task_file_exits_2_from_the_cli(tmp_path, capsys):

@@ -16,22 +16,21 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from echo2.control.provider import Offer, Provider
+from echo2.control.provider import Provider
 from echo2.control.registry import Registry, WorkerStatus
-from echo2.control.scheduler import Decision, Role, Scheduler, WorkerView
+from echo2.control.scheduler import Action, Decision, Kind, Role, Scheduler, WorkerView
+from echo2.control.selection import WorkerOffer
 
 logger = logging.getLogger(__name__)
-
-OFFER = "offer:"  # scheduler ids of a provider's slots that have no registered worker
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Slots:
     """The provider's slots, read outside the lock just before a scheduling round."""
 
-    offers: list[Offer]
+    offers: list[WorkerOffer]
     """Startable now."""
-    running: list[Offer]
+    running: list[WorkerOffer]
     """Started (perhaps not registered yet)."""
 
     @classmethod
@@ -110,25 +109,32 @@ class Fleet:
             live = {w.name for w in workers.values() if w.status is WorkerStatus.ACTIVE}
             # Started but not registered yet: count them, so the scheduler does not start more.
             views += [
-                WorkerView(worker_id=OFFER + o.name, throughput=o.throughput, price=o.price, role=Role.ACTIVE)
+                WorkerView(
+                    worker_id=o.name, throughput=o.throughput, price=o.price, role=Role.ACTIVE, kind=Kind.SLOT
+                )
                 for o in slots.running
                 if o.name not in live
             ]
             views += [
                 WorkerView(
-                    worker_id=OFFER + o.name, throughput=o.throughput, price=o.price, role=Role.STANDBY
+                    worker_id=o.name,
+                    throughput=o.throughput,
+                    price=o.price,
+                    role=Role.STANDBY,
+                    kind=Kind.SLOT,
                 )
                 for o in slots.offers
             ]
         return [self._step(d, registry) for d in self.scheduler.decide(views, target=target, now=now)]
 
     def _step(self, d: Decision, registry: Registry) -> Step:
-        if d.worker_id.startswith(OFFER):
-            name = d.worker_id.removeprefix(OFFER)
+        if d.kind is Kind.SLOT:
             # activate: start the slot; release: it was started but has not registered yet
-            return Step(decision=d, name=name, call=Call(name=name, start=d.action == "activate"))
+            return Step(
+                decision=d, name=d.worker_id, call=Call(name=d.worker_id, start=d.action is Action.ACTIVATE)
+            )
         info = registry.workers[d.worker_id]
-        release = d.action == "release"
+        release = d.action is Action.RELEASE
         call = Call(name=info.name, start=False) if release and info.provided else None
         return Step(decision=d, name=info.name, call=call)
 

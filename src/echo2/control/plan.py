@@ -12,14 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from echo2.config import publish_every
 from echo2.control import capacity as cap
-from echo2.control.selection import WorkerType, exact, greedy
+from echo2.control.selection import WorkerOffer, exact, greedy
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PoolWorker(_Strict):
+class WorkerOfferConfig(_Strict):
     name: str = Field(min_length=1)
     """Worker type name."""
     count: int = Field(ge=1)
@@ -31,7 +31,7 @@ class PoolWorker(_Strict):
 
 
 class Pool(_Strict):
-    workers: list[PoolWorker] = Field(min_length=1)
+    workers: list[WorkerOfferConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _unique(self) -> Pool:
@@ -58,7 +58,7 @@ class PlanInput(_Strict):
 def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
     kappa = inp.resolved_kappa
     types = [
-        WorkerType(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
+        WorkerOffer(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
     ]
     mu_min = cap.mu_min(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast, batch=inp.batch)
     pool_mu = sum(t.throughput * t.count for t in types)

@@ -7,30 +7,17 @@ machines. Workers a provider starts register under their offer's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Offer:
-    """A worker the provider can start: its name, its expected throughput (trajectories/s) and its
-    price (USD/hour)."""
-
-    name: str
-    throughput: float
-    price: float
-
-    @property
-    def rho(self) -> float:
-        return self.price / self.throughput if self.throughput > 0 else float("inf")
+from echo2.control.selection import WorkerOffer
 
 
 class Provider(Protocol):
-    def offers(self) -> list[Offer]:
+    def offers(self) -> list[WorkerOffer]:
         """Workers that can be started now."""
         ...
 
-    def running(self) -> list[Offer]:
+    def running(self) -> list[WorkerOffer]:
         """Workers started (perhaps not registered yet)."""
         ...
 

@@ -110,6 +110,11 @@ class RemoteRollout:
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
         self.url = self.coordinator.start(ccfg.host, ccfg.port)
+        if run_dir is not None:
+            # Where workers find the learner when coordinator.port = 0 let the OS pick the port.
+            tmp = run_dir / "coordinator.url.tmp"
+            tmp.write_text(self.url + "\n")
+            tmp.replace(run_dir / "coordinator.url")
 
     # ------------------------------------------------------------------ RolloutSource
     def next_groups(self, num_groups: int):

@@ -12,6 +12,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+class Action(StrEnum):
+    ACTIVATE = "activate"
+    RELEASE = "release"
+
+
+class Kind(StrEnum):
+    """What a `WorkerView.worker_id` names."""
+
+    WORKER = "worker"
+    """A registered worker: the id is its worker id."""
+    SLOT = "slot"
+    """A provider's slot with no registered worker (not started, or started and not registered
+    yet): the id is the offer's name."""
+
+
 class Role(StrEnum):
     ACTIVE = "active"
     STANDBY = "standby"
@@ -25,6 +40,7 @@ class WorkerView:
     """Trajectories/s over the scheduler's sliding window (or the declared rate for a newcomer)."""
     price: float
     role: Role
+    kind: Kind = Kind.WORKER
 
     @property
     def rho(self) -> float:
@@ -33,9 +49,10 @@ class WorkerView:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    action: str  # "activate" | "release"
+    action: Action
     worker_id: str
     reason: str
+    kind: Kind = Kind.WORKER
 
 
 @dataclass(slots=True, kw_only=True)
@@ -79,8 +96,9 @@ class Scheduler:
                     capacity += w.throughput
                     decisions.append(
                         Decision(
-                            action="activate",
+                            action=Action.ACTIVATE,
                             worker_id=w.worker_id,
+                            kind=w.kind,
                             reason=f"{why}; lowest unit cost rho={w.rho:.3g}",
                         )
                     )
@@ -102,8 +120,9 @@ class Scheduler:
                 capacity -= w.throughput
                 decisions.append(
                     Decision(
-                        action="release",
+                        action=Action.RELEASE,
                         worker_id=w.worker_id,
+                        kind=w.kind,
                         reason=(
                             f"capacity above target {target:.3g}/s by more than {self.release_margin:.0%} for "
                             f"{now - self._above_since:.0f}s; most expensive (${w.price:.3g}/h)"

@@ -14,17 +14,21 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerType:
+class WorkerOffer:
+    """A rentable worker (or `count` identical ones): what the planner selects from and what a
+    provider can start. A live, registered worker is a different thing (control/registry.py)."""
+
     name: str
-    count: int
     throughput: float
     """Trajectories per second of one worker."""
     price: float
     """USD per hour of one worker."""
+    count: int = 1
 
     @property
     def rho(self) -> float:
-        return self.price / self.throughput
+        """Unit cost: USD per hour per trajectory/s (infinite for a worker that delivers nothing)."""
+        return self.price / self.throughput if self.throughput > 0 else float("inf")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,14 +40,14 @@ class Selection:
     """False when the whole pool cannot reach the target (then every worker is active)."""
 
 
-def _selection(pool: list[WorkerType], counts: dict[str, int], target: float) -> Selection:
+def _selection(pool: list[WorkerOffer], counts: dict[str, int], target: float) -> Selection:
     by_name = {t.name: t for t in pool}
     mu = sum(by_name[n].throughput * k for n, k in counts.items())
     cost = sum(by_name[n].price * k for n, k in counts.items())
     return Selection(active=counts, throughput=mu, cost_per_hour=cost, feasible=mu >= target * (1 - 1e-9))
 
 
-def greedy(pool: list[WorkerType], target: float) -> Selection:
+def greedy(pool: list[WorkerOffer], target: float) -> Selection:
     """Activate workers one at a time in increasing rho = price / throughput until the target is met."""
     counts = {t.name: 0 for t in pool}
     mu = 0.0
@@ -56,7 +60,7 @@ def greedy(pool: list[WorkerType], target: float) -> Selection:
     return _selection(pool, counts, target)
 
 
-def exact(pool: list[WorkerType], target: float) -> Selection:
+def exact(pool: list[WorkerOffer], target: float) -> Selection:
     """Minimum total price with total throughput >= target (integer program, HiGHS)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 

@@ -32,17 +32,17 @@ from echo2.control.broadcast import (
     make_blob,
 )
 from echo2.control.errors import Invalid, NoSnapshot, Reason
-from echo2.control.fleet import OFFER, Call, Fleet, Slots
+from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.leases import Lease, Leases, Limits
 from echo2.control.provider import Provider
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
-from echo2.control.scheduler import Scheduler
+from echo2.control.scheduler import Action, Scheduler
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OFFER", "CoordinatorState", "Lease", "Limits", "WorkerInfo", "WorkerStatus", "new_id"]
+__all__ = ["CoordinatorState", "Lease", "Limits", "WorkerInfo", "WorkerStatus", "new_id"]
 
 
 def new_id() -> str:
@@ -203,12 +203,12 @@ class CoordinatorState:
                     for step in done:
                         self.fleet.record(step, now)
 
-    def _carry_out(self, action: str, info: WorkerInfo) -> None:
-        if action == "release":
+    def _carry_out(self, action: Action, info: WorkerInfo) -> None:
+        if action is Action.RELEASE:
             self.ingestion.put_back_all(info.worker_id)
             if info.provided:
                 info.status = WorkerStatus.RELEASED
-        info.standby = action == "release" and info.status is WorkerStatus.ACTIVE
+        info.standby = action is Action.RELEASE and info.status is WorkerStatus.ACTIVE
 
     def _call(self, calls: list[Call]) -> None:
         """Provider calls, never under the lock (a local provider starts a process)."""

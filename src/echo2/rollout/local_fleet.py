@@ -16,14 +16,14 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from echo2.control.provider import Offer
+from echo2.control.selection import WorkerOffer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, kw_only=True)
 class _Slot:
-    offer: Offer
+    offer: WorkerOffer
     proc: subprocess.Popen | None = None
     stopping: bool = False
     failed: bool = False
@@ -36,7 +36,7 @@ class LocalFleet:
 
     def __init__(
         self,
-        offers: list[Offer],
+        offers: list[WorkerOffer],
         *,
         initial: int,
         threads: int | None = None,
@@ -57,7 +57,7 @@ class LocalFleet:
     @classmethod
     def identical(cls, count: int, *, threads: int | None = None, emulate: float | None = None) -> LocalFleet:
         """`echo2 run --workers K [--emulate RATE]`: K workers, all started with the run."""
-        offers = [Offer(name=f"local-{i}", throughput=emulate or 0.0, price=0.0) for i in range(count)]
+        offers = [WorkerOffer(name=f"local-{i}", throughput=emulate or 0.0, price=0.0) for i in range(count)]
         return cls(offers, initial=count, threads=threads, emulate=emulate is not None)
 
     # ------------------------------------------------------------------ lifetime
@@ -101,7 +101,7 @@ class LocalFleet:
                 slot.stopping = True
                 logger.info("local provider: stopping %s (pid %d)", name, slot.proc.pid)
 
-    def offers(self) -> list[Offer]:
+    def offers(self) -> list[WorkerOffer]:
         """Slots that can be started now. Reaps exited processes; one that exited unasked is failed."""
         with self._lock:
             free = []
@@ -117,7 +117,7 @@ class LocalFleet:
                     free.append(slot.offer)
             return free
 
-    def running(self) -> list[Offer]:
+    def running(self) -> list[WorkerOffer]:
         """Slots whose process runs (started, perhaps not registered yet)."""
         with self._lock:
             return [

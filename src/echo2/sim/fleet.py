@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from echo2.control import capacity
-from echo2.control.scheduler import Decision, Role, Scheduler, WorkerView
-from echo2.control.selection import WorkerType, exact
+from echo2.control.scheduler import Action, Decision, Role, Scheduler, WorkerView
+from echo2.control.selection import WorkerOffer, exact
 from echo2.sim.dissemination import Dissemination
 from echo2.sim.rollout import Rollout
 from echo2.sim.state import SimWorker, World
@@ -71,7 +71,7 @@ class RandomActivation:
             if capacity_now >= target:
                 break
             capacity_now += self.world.workers[wid].mu
-            out.append(Decision(action="activate", worker_id=wid, reason="random activation (w/o Cost)"))
+            out.append(Decision(action=Action.ACTIVATE, worker_id=wid, reason="random activation (w/o Cost)"))
         self._below_since = None if capacity_now >= target else now
         return out
 
@@ -124,7 +124,7 @@ class Fleet:
             return list(self.world.workers)
         if self.world.sc.scheduler.policy == "cost":
             types = [
-                WorkerType(name=s.name, count=s.count, throughput=s.throughput, price=s.price)
+                WorkerOffer(name=s.name, count=s.count, throughput=s.throughput, price=s.price)
                 for s in self.world.sc.workers
             ]
             counts = exact(types, target).active
@@ -231,7 +231,7 @@ class Fleet:
             {"time": self.world.env.now, "action": d.action, "worker": w.id, "reason": d.reason}
         )
         self.invalidate_target()
-        if d.action == "activate":
+        if d.action is Action.ACTIVATE:
             self._start_billing(w)
             self._forget_reports(w)
             self.dissemination.fetch(w)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
-from echo2.config import ConfigError, CustomTask
-from echo2.config import MathTask as MathConfig
+from echo2.config import ArithmeticTaskConfig, ConfigError, CustomTaskConfig, MathTaskConfig
 from echo2.data.tasks.base import Task
 
 
-def make_task(config: ArithmeticConfig | MathConfig | CustomTask, *, seed: int) -> Task:
+def make_task(config: ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, *, seed: int) -> Task:
     if config.type == "arithmetic":
         from echo2.data.tasks.arithmetic import ArithmeticTask
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
+from echo2.config import ArithmeticTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 
 SYSTEM = "You are a calculator. Reply with the result only."
@@ -26,7 +26,7 @@ def extract_integer(text: str) -> str | None:
 
 
 class ArithmeticTask:
-    def __init__(self, config: ArithmeticConfig, *, seed: int) -> None:
+    def __init__(self, config: ArithmeticTaskConfig, *, seed: int) -> None:
         self.config = config
         self.seed = seed
 

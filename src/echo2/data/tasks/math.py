@@ -11,8 +11,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from echo2.config import ConfigError
-from echo2.config import MathTask as MathConfig
+from echo2.config import ConfigError, MathTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 
 SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
@@ -64,7 +63,7 @@ def read_rows(path: str | Path, *, question_field: str, answer_field: str) -> li
 
 
 class MathTask:
-    def __init__(self, config: MathConfig, *, seed: int) -> None:
+    def __init__(self, config: MathTaskConfig, *, seed: int) -> None:
         self.config = config
         self.seed = seed
         fields = {"question_field": config.question_field, "answer_field": config.answer_field}
