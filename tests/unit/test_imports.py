@@ -23,6 +23,10 @@ PURE = [
     "echo2.broadcast.plan",
     "echo2.broadcast.chunks",
     "echo2.broadcast.bucket",
+    "echo2.control.errors",
+    "echo2.control.registry",
+    "echo2.control.leases",
+    "echo2.control.fleet",
 ]
 """Policies and formulas shared by the runtime, the simulator and the tests (DESIGN.md)."""
 
