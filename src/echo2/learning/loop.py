@@ -23,10 +23,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from echo2.config import Config, dump_toml
+from echo2.config import Config, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
+from echo2.learning import distributed
 from echo2.learning.checkpoint import load_checkpoint, save_checkpoint
+from echo2.learning.device import place, snapshot_state
 from echo2.learning.model import load_model, load_tokenizer
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
@@ -38,9 +40,9 @@ from echo2.rollout.local import LocalRollout
 logger = logging.getLogger(__name__)
 
 
-def publish(model, version: int) -> Snapshot:
-    """An immutable copy of the learner's weights; the learner keeps training its own."""
-    return Snapshot(version=version, state={k: v.detach().clone() for k, v in model.state_dict().items()})
+def publish(model, version: int, config: LearnerConfig) -> Snapshot:
+    """An immutable copy of the learner's weights in the snapshot dtype; the learner trains its own."""
+    return Snapshot(version=version, state=snapshot_state(model, config))
 
 
 def run(
@@ -58,6 +60,8 @@ def run(
     lets the scheduler start and stop workers (control/provider.py)."""
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
+    if distributed.start(lcfg) > 0:  # torchrun: ranks > 0 obey rank 0 and write nothing
+        return distributed.follow(config)
 
     # ---- task (validated before anything is written), tokenizer, policy, optimizer, rollout source
     task = make_task(config.task, seed=config.run.seed)
@@ -76,6 +80,7 @@ def run(
         saved_source = state.pop("source")
         logger.info("resumed %s at step %d (version %d)", run_dir, state["step"], state["version"])
     engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state["version"])
+    model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
     buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
     buffer.set_learner_version(state["version"])
     if remote:
@@ -101,10 +106,11 @@ def run(
     metrics = MetricsWriter(metrics_path)
 
     def save() -> None:
+        full_model, full_optimizer = distributed.for_checkpoint(model, optimizer)
         save_checkpoint(
             run_dir,
-            model=model,
-            optimizer=optimizer,
+            model=full_model,
+            optimizer=full_optimizer,
             state={**state, "source": source.state_dict()},
             config_toml=config_toml,
         )
@@ -114,7 +120,7 @@ def run(
             state["eval_before"] = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
             logger.info("held-out accuracy before training: %.3f", state["eval_before"]["eval/accuracy"])
         if remote:
-            source.publish(publish(model, state["version"]))  # workers start from the current weights
+            source.publish(publish(model, state["version"], lcfg))  # workers start from the current weights
         on_ready(source)
 
         # ---- the loop
@@ -132,6 +138,7 @@ def run(
             groups, staleness, rollout_stats = source.next_groups(rcfg.prompts_per_step)
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
             t1 = time.perf_counter()
+            distributed.lead(distributed.Order.TRAIN, groups)
             stats = train_step(
                 model,
                 optimizer,
@@ -146,7 +153,7 @@ def run(
             state["version"] += 1
             source.advance(state["version"])
             if state["version"] % lcfg.publish_every == 0:
-                source.publish(publish(model, state["version"]))
+                source.publish(publish(model, state["version"], lcfg))
             source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
@@ -177,11 +184,12 @@ def run(
         source.close()
 
     # ---- final evaluation and checkpoint
-    engine.install(publish(model, state["version"]))
+    engine.install(publish(model, state["version"], lcfg))
     eval_after = (
         evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
     )
     save()
+    distributed.stop()
     summary = {
         "steps": state["step"],
         "version": state["version"],
