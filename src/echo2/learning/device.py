@@ -56,7 +56,7 @@ def place(model, optimizer, ref_model, config: LearnerConfig, *, make_optimizer)
     """
     device = resolve_device(config)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpoint_activations(model)
     model.to(device)
     if ref_model is not None:
         ref_model.to(device)
@@ -79,6 +79,15 @@ def place(model, optimizer, ref_model, config: LearnerConfig, *, make_optimizer)
         ", gradient checkpointing" if config.gradient_checkpointing else "",
     )
     return model, optimizer, ref_model
+
+
+def _checkpoint_activations(model) -> None:
+    """Non-reentrant checkpointing of every decoder layer (transformers renamed the method in 5.x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _device_of(model) -> torch.device:
