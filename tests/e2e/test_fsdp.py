@@ -120,3 +120,30 @@ def test_two_fsdp_ranks_match_one_process(tiny, tmp_path):
     for a, b in zip(expected, got["stats"], strict=True):
         for key in ("train/loss", "train/grad_norm", "train/ratio_mean", "train/clip_fraction"):
             assert abs(a[key] - b[key]) < 1e-5, key
+
+
+def test_torchrun_learner_writes_full_checkpoint_on_rank_0(tiny, tmp_path):
+    """`torchrun --standalone --nproc-per-node 2 -m echo2.cli run`: the loop's hooks under FSDP2
+    (orders, bf16 snapshots gathered for the final evaluation, a full checkpoint, clean stop)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    tiny_toml = Path(__file__).parents[2] / "configs" / "tiny.toml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["-m", "echo2.cli", "run", str(tiny_toml), f"--run.dir={run_dir}", "--run.threads=1"]
+    cmd += ["--learner.steps=2", "--learner.dtype=bf16", "--learner.device=cpu", "-q"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    saved = load_file(run_dir / "checkpoint" / "model.safetensors")
+    model, _ = tiny
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    assert {k: v.shape for k, v in saved.items()}.items() <= shapes.items()  # tied head saved once
+    assert "model.embed_tokens.weight" in saved and all(v.dtype == torch.float32 for v in saved.values())
+    optimizer = torch.load(run_dir / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert "model.layers.0.mlp.up_proj.weight" in optimizer["state"]  # full, keyed by name

@@ -15,6 +15,7 @@ learner runs the same code. Knows nothing of rollouts, tasks or the coordinator.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -25,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
+
+FOLLOWER_PATIENCE = datetime.timedelta(hours=6)
 
 
 class Order(StrEnum):
@@ -54,7 +57,9 @@ def start(config) -> int:
         device = resolve_device(config)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # Followers wait in a broadcast while rank 0 evaluates or waits for workers' rollouts, which
+        # can outlast the default 10-30 min collective timeout.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=FOLLOWER_PATIENCE)
         logger.info("rank %d of %d joined (%s)", rank(), world_size(), dist.get_backend())
     return rank()
 
