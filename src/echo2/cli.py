@@ -204,8 +204,11 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     elif (run_dir / "checkpoint").exists():
         raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
     _setup_logging(args.quiet)
+    from echo2.learning.device import check_start
     from echo2.learning.loop import run  # heavy: torch, transformers
     from echo2.learning.source import SourceSpec
+
+    check_start(config.learner, resume=bool(args.resume))  # learner.device/dtype, torchrun
 
     fleet = _local_provider(config, args) if config.scheduler.provider == "local" else None
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.

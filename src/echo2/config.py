@@ -150,6 +150,14 @@ class LearnerConfig(_Section):
     """Added to the group std before dividing."""
     micro_batch_tokens: int = Field(4096, ge=16)
     """Token budget (padded sequence length x rows) of one forward/backward micro-batch."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner trains: "auto" is cuda when torch sees a GPU, else cpu. "cuda" without a GPU
+    is refused at start. Under torchrun each rank uses cuda:LOCAL_RANK."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Compute dtype. "bf16": fp32 master weights and fp32 AdamW state, forward and backward under
+    bf16 autocast; snapshots are published in bf16 (half the bytes each chain carries)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more time."""
 
     @model_validator(mode="after")
     def _kappa_bound(self) -> LearnerConfig:

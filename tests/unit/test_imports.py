@@ -154,5 +154,7 @@ def test_the_checker_sees_a_cycle_and_an_io_arrow():
     graph = {"pure": {"mid"}, "mid": {"net"}, "net": set()}
     assert "net" in _reachable(graph, "pure")
     assert _io_modules(graph, {"pure": set(), "mid": set(), "net": {"aiohttp"}}) == {"net"}
-    tree = ast.parse("import aiohttp\nif TYPE_CHECKING:\n    import socket\ntry:\n    from . import y\nexcept ImportError:\n    pass\n")
+    tree = ast.parse(
+        "import aiohttp\nif TYPE_CHECKING:\n    import socket\ntry:\n    from . import y\nexcept ImportError:\n    pass\n"
+    )
     assert _top_level_imports(tree, "echo2.x", False) == {"aiohttp", "echo2", "echo2.y"}

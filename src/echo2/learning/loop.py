@@ -22,10 +22,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from echo2.config import Config, dump_toml
+from echo2.config import Config, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
+from echo2.learning import distributed
 from echo2.learning.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+from echo2.learning.device import place, snapshot_state
 from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
@@ -37,9 +39,9 @@ from echo2.rollout.engine import HFEngine
 logger = logging.getLogger(__name__)
 
 
-def make_snapshot(model, version: int) -> Snapshot:
-    """An immutable copy of the learner's weights; the learner keeps training its own."""
-    return Snapshot(version=version, state={k: v.detach().clone() for k, v in model.state_dict().items()})
+def make_snapshot(model, version: int, config: LearnerConfig) -> Snapshot:
+    """An immutable copy of the learner's weights in the snapshot dtype; the learner trains its own."""
+    return Snapshot(version=version, state=snapshot_state(model, config))
 
 
 def run(
@@ -55,6 +57,8 @@ def run(
     before anything is written to `run_dir`."""
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
+    if distributed.start(lcfg) > 0:  # torchrun: ranks > 0 obey rank 0 and write nothing
+        return distributed.follow(config)
 
     # ---- task, tokenizer, policy, optimizer: all loaded (and so checked) before run_dir is touched
     task = make_task(config.task, seed=config.run.seed)
@@ -73,6 +77,7 @@ def run(
 
     # ---- the rollout source, the metrics file
     engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state.version)
+    model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
     buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
     buffer.set_learner_version(state.version)
     source = make_source(
@@ -94,10 +99,11 @@ def run(
     metrics = MetricsWriter(metrics_path)
 
     def save() -> None:
+        full_model, full_optimizer = distributed.for_checkpoint(model, optimizer)
         save_checkpoint(
             run_dir,
-            model=model,
-            optimizer=optimizer,
+            model=full_model,
+            optimizer=full_optimizer,
             state=state,
             source_state=source.state_dict(),
             config_toml=config_toml,
@@ -107,7 +113,7 @@ def run(
         if state.eval_before is None and eval_prompts:
             state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
             logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
-        source.start(make_snapshot(model, state.version))  # rollouts start from the current weights
+        source.start(make_snapshot(model, state.version, lcfg))  # rollouts start from the current weights
 
         # ---- the loop
         bar = tqdm(
@@ -123,6 +129,7 @@ def run(
             groups, staleness, rollout_stats = source.next_groups(rcfg.prompts_per_step)
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
             t1 = time.perf_counter()
+            distributed.lead(distributed.Order.TRAIN, groups)
             stats = train_step(
                 model,
                 optimizer,
@@ -137,7 +144,7 @@ def run(
             state.version += 1
             source.advance(state.version)
             if state.version % lcfg.publish_every == 0:
-                source.publish(make_snapshot(model, state.version))
+                source.publish(make_snapshot(model, state.version, lcfg))
             source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
@@ -168,11 +175,12 @@ def run(
         source.close()
 
     # ---- final evaluation and checkpoint
-    engine.install(make_snapshot(model, state.version))
+    engine.install(make_snapshot(model, state.version, lcfg))
     eval_after = (
         evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
     )
     save()
+    distributed.stop()
     summary = {
         "steps": state.step,
         "version": state.version,

@@ -12,6 +12,8 @@ import torch
 
 from echo2.config import LearnerConfig
 from echo2.data.tasks.base import TrainBatch, to_tensors
+from echo2.learning import distributed
+from echo2.learning.device import on_device, precision
 from echo2.learning.grpo import group_advantages, grpo_loss
 from echo2.models import token_logprobs
 from echo2.records import Trajectory
@@ -64,15 +66,17 @@ def train_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
-    for rows in micro_batches(records, config.micro_batch_tokens):
+    for rows, live in distributed.share(micro_batches(records, config.micro_batch_tokens), records):
         batch = to_tensors([records[i] for i in rows], pad_id=pad_id, advantages=[adv_flat[i] for i in rows])
+        batch = on_device(batch, model)
         if batch.num_loss_tokens == 0:
             continue
-        logp = response_logprobs(model, batch, temperature=temperature)
-        ref_logp = None
-        if ref_model is not None:
-            with torch.no_grad():
-                ref_logp = response_logprobs(ref_model, batch, temperature=temperature)
+        with precision(model, config):
+            logp = response_logprobs(model, batch, temperature=temperature)
+            ref_logp = None
+            if ref_model is not None:
+                with torch.no_grad():
+                    ref_logp = response_logprobs(ref_model, batch, temperature=temperature)
         loss, stats = grpo_loss(
             logp,
             batch.behaviour_logprobs,
@@ -84,18 +88,21 @@ def train_step(
             ref_logp=ref_logp,
             beta=config.kl_beta,
         )
-        loss.backward()
+        (loss if live else loss * 0).backward()  # a dead micro-batch only keeps ranks in step
+        if not live:
+            continue
         share = batch.num_loss_tokens / num_tokens  # loss/kl are already step-normalised sums
         totals["loss"] += stats.loss
         totals["pg_loss"] += stats.pg_loss
         totals["kl"] += stats.kl
         totals["clip_fraction"] += stats.clip_fraction * share
         totals["ratio_mean"] += stats.ratio_mean * share
+    totals = distributed.sum_stats(totals)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
     return {
         **{f"train/{k}": v for k, v in totals.items()},
-        "train/grad_norm": float(grad_norm),
+        "train/grad_norm": distributed.scalar(grad_norm),
         "train/tokens": float(sum(len(r.prompt_ids) + len(r.response_ids) for r in records)),
         "train/loss_tokens": float(num_tokens),
         "train/adv_abs_mean": float(advantages.abs().mean()),

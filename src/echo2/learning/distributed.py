@@ -1,0 +1,221 @@
+"""The multi-process learner: FSDP2 sharding, each rank's share of a step, and rank 0's orders.
+
+Owns torch.distributed. Under `torchrun --nproc-per-node N` every process runs the same entry point;
+`start` joins the process group (gloo on CPU, nccl on CUDA). Rank 0 runs the learner loop: it alone
+serves the coordinator, writes metrics and checkpoints and publishes snapshots. Every other rank runs
+`follow`, which builds the same policy and obeys rank 0's orders (train on these groups, join a
+gather of the full state dict, stop) and writes nothing. Within a step the micro-batches are dealt
+out round-robin; a rank with fewer runs a zero-weighted copy, so every rank issues the same
+collectives. FSDP sums (not averages) the gradients, because each micro-batch loss is already
+divided by the step's token count: the update equals the single-process one.
+
+With one process (no torchrun) every function is the identity or a no-op, so the single-process
+learner runs the same code. Knows nothing of rollouts, tasks or the coordinator.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+FOLLOWER_PATIENCE = datetime.timedelta(hours=6)
+
+
+class Order(StrEnum):
+    TRAIN = "train"  # payload: the step's groups
+    GATHER = "gather"  # gather the full state dict onto rank 0
+    SAVE = "save"  # gather full model and optimizer state for a checkpoint
+    STOP = "stop"
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def start(config) -> int:
+    """Join torchrun's process group if there is one (WORLD_SIZE > 1); this process's rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        from echo2.learning.device import resolve_device
+
+        device = resolve_device(config)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        # Followers wait in a broadcast while rank 0 evaluates or waits for workers' rollouts, which
+        # can outlast the default 10-30 min collective timeout.
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=FOLLOWER_PATIENCE)
+        logger.info("rank %d of %d joined (%s)", rank(), world_size(), dist.get_backend())
+    return rank()
+
+
+def stop() -> None:
+    if world_size() > 1:
+        if rank() == 0:
+            lead(Order.STOP)
+        dist.destroy_process_group()
+
+
+def shard(model: torch.nn.Module) -> None:
+    """FSDP2 in place: each decoder layer (HF's `_no_split_modules`), then the root, which holds the
+    (possibly tied) embeddings and head. Gradients are summed across ranks, not averaged."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    layer_types = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_types:
+            fully_shard(module)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+
+
+def share(batches: Iterable[list[int]], records) -> Iterator[tuple[list[int], bool]]:
+    """This rank's micro-batches as (rows, live); a dead one is run with weight 0 only so that every
+    rank runs as many forward/backward passes (and so collectives) as the others."""
+    if world_size() == 1:
+        yield from ((rows, True) for rows in batches)
+        return
+    plan = [rows for rows in batches if any(any(records[i].loss_mask) for i in rows)]
+    mine = plan[rank() :: world_size()]
+    yield from ((rows, True) for rows in mine)
+    rounds = -(-len(plan) // world_size())
+    for _ in range(rounds - len(mine)):
+        yield plan[0], False
+
+
+def _comm_device() -> torch.device:
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+
+
+def sum_stats(totals: dict[str, float]) -> dict[str, float]:
+    """Per-rank sums of a step's statistics, summed over ranks (each rank holds its share)."""
+    if world_size() == 1:
+        return totals
+    values = torch.tensor(list(totals.values()), dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(values)
+    return dict(zip(totals, values.tolist(), strict=True))
+
+
+def scalar(value) -> float:
+    """A float from a tensor that may be a replicated DTensor (clip_grad_norm_ under FSDP2)."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if full else value)
+
+
+def lead(order: Order, payload: Any = None) -> None:
+    """Rank 0 tells the followers what to do next; nothing with one process."""
+    if world_size() > 1:
+        assert rank() == 0, "only rank 0 gives orders"
+        dist.broadcast_object_list([order.value, payload], src=0, device=_comm_device())
+
+
+def _sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict; under FSDP2 a collective ordered by rank 0, on CPU, and
+    empty on other ranks."""
+    if not _sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if rank() == 0:
+        lead(Order.GATHER)
+    return get_model_state_dict(model, options=_full_options())
+
+
+class _Full:
+    """Stands in for a module or optimizer where only `state_dict()` is read (checkpoint.py)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+
+def for_checkpoint(model, optimizer) -> tuple[Any, Any]:
+    """(model, optimizer) as checkpoint.py saves them: themselves on one process; under FSDP2 their
+    full states gathered on rank 0 (optimizer state keyed by parameter name)."""
+    if not _sharded(model):
+        return model, optimizer
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    if rank() == 0:
+        lead(Order.SAVE)
+    opts = _full_options()
+    return _Full(get_model_state_dict(model, options=opts)), _Full(
+        get_optimizer_state_dict(model, optimizer, options=opts)
+    )
+
+
+def follow(config) -> dict[str, Any]:
+    """A rank > 0: build the same policy as rank 0 and obey its orders until told to stop."""
+    import copy
+
+    from echo2.learning.device import place
+    from echo2.learning.step import make_optimizer, train_step
+    from echo2.models import load_model, load_tokenizer
+
+    lcfg = config.learner
+    torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
+    model, optimizer, ref_model = place(model, None, ref_model, lcfg, make_optimizer=make_optimizer)
+    steps = 0
+    while True:
+        message: list[Any] = [None, None]
+        dist.broadcast_object_list(message, src=0, device=_comm_device())
+        order, payload = Order(message[0]), message[1]
+        if order is Order.TRAIN:
+            train_step(
+                model,
+                optimizer,
+                payload,
+                lcfg,
+                pad_id=tokenizer.pad_token_id,
+                temperature=config.rollout.temperature,
+                ref_model=ref_model,
+            )
+            steps += 1
+        elif order is Order.GATHER:
+            full_state(model)
+        elif order is Order.SAVE:
+            for_checkpoint(model, optimizer)
+        else:
+            break
+    logger.info("rank %d stopped after %d steps", rank(), steps)
+    dist.destroy_process_group()
+    return {"steps": steps, "eval_before": None, "eval_after": None}

@@ -1,0 +1,135 @@
+"""learner.device, learner.dtype and gradient checkpointing on CPU; snapshot dtype and size."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from echo2.cli import main
+from echo2.config import ConfigError, LearnerConfig
+from echo2.learning import distributed
+from echo2.learning.device import place, resolve_device, snapshot_state
+from echo2.learning.step import make_optimizer, train_step
+from echo2.records import Trajectory
+
+TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+
+
+def groups(tiny, *, seed: int = 0) -> list[list[Trajectory]]:
+    """2 groups of 3 on-policy trajectories of random tokens with mixed rewards."""
+    from echo2.data.tasks.base import to_tensors
+    from echo2.learning.step import response_logprobs
+
+    model, tok = tiny
+    gen = torch.Generator().manual_seed(seed)
+    records = [
+        Trajectory(
+            group_id=f"g{g}",
+            prompt_ids=tuple(torch.randint(1, len(tok), (4,), generator=gen).tolist()),
+            response_ids=tuple(torch.randint(1, len(tok), (3 + i,), generator=gen).tolist()),
+            behaviour_logprobs=(0.0,) * (3 + i),
+            loss_mask=(1,) * (3 + i),
+            reward=float(i == g),
+            version=0,
+        )
+        for g in range(2)
+        for i in range(3)
+    ]
+    batch = to_tensors(records, pad_id=tok.pad_token_id, advantages=[0.0] * len(records))
+    with torch.no_grad():
+        logp = response_logprobs(copy.deepcopy(model).eval(), batch, temperature=1.0)
+    out = [
+        Trajectory.from_dict(
+            {
+                **r.to_dict(),
+                "behaviour_logprobs": tuple(logp[j, logp.shape[1] - len(r.response_ids) :].tolist()),
+            }
+        )
+        for j, r in enumerate(records)
+    ]
+    return [out[:3], out[3:]]
+
+
+def one_step(tiny, config: LearnerConfig):
+    model, tok = tiny
+    m, optimizer, _ = place(copy.deepcopy(model), None, None, config, make_optimizer=make_optimizer)
+    stats = train_step(m, optimizer, groups(tiny), config, pad_id=tok.pad_token_id, temperature=1.0)
+    return m, optimizer, stats
+
+
+def test_cpu_and_auto_resolve_on_this_machine():
+    assert resolve_device(LearnerConfig(device="cpu")) == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(LearnerConfig(device="auto")).type == expected
+
+
+@NO_GPU
+def test_cuda_without_a_gpu_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^learner\.device: cuda"):
+        resolve_device(LearnerConfig(device="cuda"))
+
+
+@NO_GPU
+def test_cli_refuses_cuda_without_a_gpu_before_writing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["run", TINY, "--learner.device=cuda", f"--run.dir={run_dir}", "-q"]) == 2
+    assert "learner.device" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_bf16_step_keeps_fp32_state_and_is_close_to_fp32(tiny):
+    m32, _, s32 = one_step(tiny, LearnerConfig(lr=1e-3, device="cpu", dtype="fp32"))
+    m16, opt16, s16 = one_step(tiny, LearnerConfig(lr=1e-3, device="cpu", dtype="bf16"))
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in m16.parameters())
+    adam = [s for s in opt16.state.values()]
+    assert adam and all(s["exp_avg"].dtype == torch.float32 for s in adam)
+    assert all(s["exp_avg_sq"].dtype == torch.float32 for s in adam)
+    assert s16["train/grad_norm"] > 0
+    # bf16 log-probs are off by ~1e-2 against fp32 behaviour log-probs, so the ratio is ~1 +- 2%.
+    assert abs(s16["train/ratio_mean"] - 1) < 0.02 and abs(s32["train/ratio_mean"] - 1) < 1e-5
+    assert abs(s16["train/loss"] - s32["train/loss"]) < 0.02
+    assert abs(s16["train/grad_norm"] - s32["train/grad_norm"]) < 0.1 * s32["train/grad_norm"]
+    # Both steps moved the weights the same way (Adam's first step is ~lr * sign(grad)).
+    w16, w32 = m16.state_dict(), m32.state_dict()
+    start = tiny[0].state_dict()
+    d16 = torch.cat([(w16[k] - start[k]).flatten() for k in start])
+    d32 = torch.cat([(w32[k] - start[k]).flatten() for k in start])
+    assert torch.nn.functional.cosine_similarity(d16, d32, dim=0) > 0.9
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny):
+    plain, _, s1 = one_step(tiny, LearnerConfig(lr=1e-3, device="cpu"))
+    ckpt, _, s2 = one_step(tiny, LearnerConfig(lr=1e-3, device="cpu", gradient_checkpointing=True))
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(plain, "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    assert getattr(ckpt, flag) and not getattr(plain, flag)
+    assert abs(s1["train/loss"] - s2["train/loss"]) < 1e-6
+    w1, w2 = plain.state_dict(), ckpt.state_dict()
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-6
+
+
+def test_bf16_snapshot_is_half_the_bytes(tiny):
+    model, _ = tiny
+    full = snapshot_state(model, LearnerConfig(dtype="fp32"))
+    half = snapshot_state(model, LearnerConfig(dtype="bf16"))
+    assert set(full) == set(half) == set(model.state_dict())
+    assert all(v.dtype == torch.bfloat16 and v.device.type == "cpu" for v in half.values())
+    size = lambda state: sum(v.numel() * v.element_size() for v in state.values())  # noqa: E731
+    assert size(half) / size(full) == pytest.approx(0.5, abs=0.01)
+    # The snapshot is a copy: training the model does not change it.
+    key = next(iter(full))
+    assert full[key].data_ptr() != model.state_dict()[key].data_ptr()
+    assert (half[key].float() - full[key]).abs().max() < 1e-2 * full[key].abs().max()
+
+
+def test_one_process_deals_every_micro_batch_live():
+    batches = [[0, 1], [2], [3, 4]]
+    assert list(distributed.share(iter(batches), records=[])) == [(b, True) for b in batches]
+    assert distributed.world_size() == 1 and distributed.rank() == 0
