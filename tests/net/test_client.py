@@ -257,3 +257,12 @@ def test_close_is_idempotent():
         assert c.session.closed
 
     bounded(scenario())
+
+
+def test_the_policy_backoff_doubles_up_to_its_cap():
+    """The one backoff: what tenacity waits between calls and what the broadcast client waits
+    before asking the learner for a stream again."""
+    from echo2.control.client import RetryPolicy
+
+    policy = RetryPolicy(initial_delay=0.2, max_delay=5.0)
+    assert [policy.delay(k) for k in range(6)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0]

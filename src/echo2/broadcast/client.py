@@ -178,7 +178,7 @@ class BroadcastClient:
                 if failures > self.max_failures:
                     raise BroadcastError(f"version {version}: {failures} parents failed") from failed
                 if route.parent_id is None:  # the learner itself: do not hammer it
-                    await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+                    await asyncio.sleep(self.coordinator.retry.delay(failures))
                 route = await self._route(version, (route.parent_id, failed))
 
         # Joined and hashed once, off the event loop (relays go on); the hash goes in the install report.

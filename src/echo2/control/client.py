@@ -144,6 +144,10 @@ class RetryPolicy:
     initial_delay: float = 0.2
     max_delay: float = 5.0
 
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt + 1` (the same backoff tenacity applies)."""
+        return min(self.initial_delay * 2**attempt, self.max_delay)
+
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or self.give_up_after < 0 or not 0 < self.initial_delay <= self.max_delay:
             raise ValueError(f"retry policy out of range: {self}")
