@@ -27,6 +27,7 @@ from echo2.config import Config, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
 from echo2.learning.checkpoint import load_checkpoint, save_checkpoint
+from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
 from echo2.learning.model import load_model, load_tokenizer
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
@@ -39,7 +40,10 @@ logger = logging.getLogger(__name__)
 
 
 def publish(model, version: int) -> Snapshot:
-    """An immutable copy of the learner's weights; the learner keeps training its own."""
+    """An immutable copy of the learner's weights (only the adapter under LoRA); the learner keeps
+    training its own."""
+    if is_lora(model):
+        return Snapshot(version=version, state=adapter_state(model))
     return Snapshot(version=version, state={k: v.detach().clone() for k, v in model.state_dict().items()})
 
 
@@ -67,6 +71,8 @@ def run(
     (run_dir / "config.toml").write_text(config_toml)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
+    if lcfg.lora is not None:
+        model = apply_lora(model, lcfg.lora)
     optimizer = make_optimizer(model, lcfg)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
     state: dict[str, Any] = {"step": 0, "version": 0, "eval_before": None}
@@ -75,7 +81,9 @@ def run(
         state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
         saved_source = state.pop("source")
         logger.info("resumed %s at step %d (version %d)", run_dir, state["step"], state["version"])
-    engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state["version"])
+    engine = HFEngine(engine_copy(model), tokenizer, rcfg, version=state["version"])
+    if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
+        engine.install(publish(model, state["version"]))
     buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
     buffer.set_learner_version(state["version"])
     if remote:
