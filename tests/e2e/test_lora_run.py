@@ -4,6 +4,7 @@ follows it exactly (ratio 1 every step), the run resumes, and a missing target e
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -46,6 +47,20 @@ def test_three_step_lora_run_trains_only_the_adapter(tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert abs(rows[-1]["train/ratio_mean"] - 1) < 1e-3, "the resumed engine carries the adapter"
     assert json.loads((run_dir / "summary.json").read_text())["version"] == 4
+
+
+def test_lora_run_over_a_worker_process(tmp_path, monkeypatch):
+    """The adapter snapshot crosses the broadcast as bytes; the worker merges it into the base it
+    loaded, so its behaviour log-probs equal the learner's (ratio 1 at S = 0, every step)."""
+    here = Path(__file__).parent
+    monkeypatch.syspath_prepend(str(here))
+    monkeypatch.setenv("PYTHONPATH", str(here) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run_dir = tmp_path / "remote"
+    args = [*TOY, "--learner.lora.rank=8", "--learner.lr=1e-2", "--run.eval_size=0", "--run.threads=1", "-q"]
+    assert main(["run", TINY, f"--run.dir={run_dir}", "--workers=1", *args]) == 0
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert len(rows) == 3 and all(r["staleness/max"] == 0 for r in rows)
+    assert all(abs(r["train/ratio_mean"] - 1) < 1e-3 for r in rows), [r["train/ratio_mean"] for r in rows]
 
 
 def test_a_target_module_that_does_not_exist_exits_2(tmp_path, capsys):
