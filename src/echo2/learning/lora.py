@@ -116,6 +116,6 @@ def merge_adapter(model, state: dict[str, torch.Tensor], base: dict[str, torch.T
         if name not in base:
             base[name] = weight.detach().clone()
         a, b = state[name + LORA_A], state[name + LORA_B]
-        weight.copy_(torch.addmm(base[name], b.to(weight.dtype), a.to(weight.dtype)))
+        weight.copy_(base[name]).addmm_(b.to(weight.dtype), a.to(weight.dtype))  # no temporary
     for name in base.keys() - names:
         model.get_submodule(name).weight.copy_(base[name])
