@@ -123,6 +123,17 @@ class RolloutConfig(_Section):
 
 
 # ---------------------------------------------------------------------------- learner
+class LoraConfig(_Section):
+    rank: int = Field(8, ge=1)
+    """r: each adapter is B @ A (A: r x in, B: out x r), its output scaled by alpha / rank."""
+    alpha: float = Field(16.0, gt=0)
+    """Numerator of the adapter scale alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Adapter input dropout in training; above 0 the ratio of an unchanged policy is noisy."""
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1)  # fmt: skip
+    """Linear layers (names or dotted suffixes) given an adapter; each must exist in the model."""
+
+
 class LearnerConfig(_Section):
     steps: int = Field(30, ge=1)
     """Optimizer steps in the run."""
@@ -158,6 +169,8 @@ class LearnerConfig(_Section):
     bf16 autocast; snapshots are published in bf16 (half the bytes each chain carries)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more time."""
+    lora: LoraConfig | None = None
+    """Train only a LoRA adapter (peft); snapshots then carry only the adapter. None: full."""
 
     @model_validator(mode="after")
     def _kappa_bound(self) -> LearnerConfig:

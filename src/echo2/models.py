@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from echo2.config import ConfigError, GGUFModelConfig, HFModelConfig, TinyModelConfig
+from echo2.records import LORA_A, LORA_B
 
 logger = logging.getLogger(__name__)
 
@@ -162,3 +163,39 @@ def load_model(
         model = AutoModelForCausalLM.from_config(llama, dtype=torch.float32)
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
     return model
+
+
+@torch.no_grad()
+def merge_adapter(model, state: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> None:
+    """Set every adapted layer's weight to base + lora_B @ lora_A, in place. `base` holds the
+    original weight of each layer ever adapted (captured here on first use, then read only);
+    a layer adapted before but absent from `state` goes back to its base weight. Validates the
+    snapshot (it may come from the network) and raises ValueError before changing anything."""
+    names = {k.removesuffix(LORA_A) for k in state if k.endswith(LORA_A)}
+    if {k for k in state} != {n + s for n in names for s in (LORA_A, LORA_B)}:
+        raise ValueError("adapter snapshot: every layer needs exactly one lora_A and one lora_B")
+    weights = {}
+    for name in names:
+        try:
+            weight = model.get_submodule(name).weight
+        except AttributeError:
+            raise ValueError(f"adapter snapshot: the model has no layer {name!r}") from None
+        a, b = state[name + LORA_A], state[name + LORA_B]
+        if (
+            a.dim() != 2
+            or b.dim() != 2
+            or a.shape[0] != b.shape[1]
+            or (b.shape[0], a.shape[1]) != weight.shape
+        ):
+            raise ValueError(
+                f"adapter snapshot: {name} has A {tuple(a.shape)}, B {tuple(b.shape)} "
+                f"for a weight {tuple(weight.shape)}"
+            )
+        weights[name] = weight
+    for name, weight in weights.items():
+        if name not in base:
+            base[name] = weight.detach().clone()
+        a, b = state[name + LORA_A], state[name + LORA_B]
+        weight.copy_(base[name]).addmm_(b.to(weight.dtype), a.to(weight.dtype))  # no temporary
+    for name in base.keys() - names:
+        model.get_submodule(name).weight.copy_(base[name])

@@ -77,10 +77,22 @@ class Trajectory:
         )
 
 
+LORA_A, LORA_B = ".lora_A", ".lora_B"
+"""Key suffixes of an adapter snapshot: `LAYER.lora_A` [r, in], `LAYER.lora_B` [out, r] (scale folded
+in), LAYER a module name of the base model; the layer's weight is base + lora_B @ lora_A."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
-    """An immutable copy of the policy weights at one version, as published by the learner."""
+    """An immutable copy of the policy weights at one version, as published by the learner: the
+    whole state dict, or (LoRA) only the adapter, which applies to the base weights every engine
+    loaded at start. Both travel as the same bytes (a safetensors file of `state`)."""
 
     version: int
     state: dict[str, Any]
     """Parameter name -> tensor, detached copies never written again."""
+
+    @property
+    def is_adapter(self) -> bool:
+        """True when `state` holds only a LoRA adapter; read from its keys, so it survives the wire."""
+        return bool(self.state) and all(k.endswith((LORA_A, LORA_B)) for k in self.state)

@@ -28,6 +28,7 @@ from echo2.data.tasks import make_task
 from echo2.learning import distributed
 from echo2.learning.checkpoint import LearnerState, load_checkpoint, save_checkpoint
 from echo2.learning.device import place, snapshot_state
+from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
 from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import make_optimizer, train_step
 from echo2.metrics import MetricsWriter, read_metrics
@@ -40,7 +41,10 @@ logger = logging.getLogger(__name__)
 
 
 def make_snapshot(model, version: int, config: LearnerConfig) -> Snapshot:
-    """An immutable copy of the learner's weights in the snapshot dtype; the learner trains its own."""
+    """An immutable copy of the learner's weights in the snapshot dtype (only the adapter under
+    LoRA); the learner keeps training its own."""
+    if is_lora(model):
+        return Snapshot(version=version, state=adapter_state(model))
     return Snapshot(version=version, state=snapshot_state(model, config))
 
 
@@ -65,6 +69,8 @@ def run(
     eval_prompts = task.eval_prompts(config.run.eval_size)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
+    if lcfg.lora is not None:
+        model = apply_lora(model, lcfg.lora)
     optimizer = make_optimizer(model, lcfg)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
     state, source_state = LearnerState(), None
@@ -76,7 +82,9 @@ def run(
     (run_dir / "config.toml").write_text(config_toml)
 
     # ---- the rollout source, the metrics file
-    engine = HFEngine(copy.deepcopy(model), tokenizer, rcfg, version=state.version)
+    engine = HFEngine(engine_copy(model), tokenizer, rcfg, version=state.version)
+    if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
+        engine.install(make_snapshot(model, state.version, lcfg))
     model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
     buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
     buffer.set_learner_version(state.version)

@@ -110,6 +110,5 @@ def train_step(
 
 
 def make_optimizer(model, config: LearnerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-    )
+    trainable = [p for p in model.parameters() if p.requires_grad]  # only the adapter under LoRA
+    return torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)

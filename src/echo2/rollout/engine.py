@@ -15,7 +15,7 @@ import torch
 
 from echo2.config import RolloutConfig
 from echo2.data.tasks.base import Prompt
-from echo2.models import token_logprobs
+from echo2.models import merge_adapter, token_logprobs
 from echo2.records import Snapshot
 
 
@@ -59,9 +59,14 @@ class HFEngine:
         self.version = version
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
+        self.lora_base: dict[str, torch.Tensor] = {}  # weights of adapted layers as loaded
 
     def install(self, snapshot: Snapshot) -> None:
-        self.model.load_state_dict(snapshot.state)
+        if snapshot.is_adapter:  # LoRA: merged into the base weights, recomputed each install
+            merge_adapter(self.model, snapshot.state, self.lora_base)
+        else:
+            self.model.load_state_dict(snapshot.state)
+            self.lora_base = {}
         self.version = snapshot.version
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
