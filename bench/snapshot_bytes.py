@@ -20,9 +20,9 @@ import time
 import torch
 from common import write_json
 
-from echo2.config import GGUFModelConfig, LoraConfig, TinyModelConfig
+from echo2.config import GGUFModelConfig, LearnerConfig, LoraConfig, TinyModelConfig
 from echo2.control.remote import serialise
-from echo2.learning.loop import publish
+from echo2.learning.loop import make_snapshot
 from echo2.learning.lora import ADAPTER, apply_lora, engine_copy, lora_layers
 from echo2.models import load_model, load_tokenizer
 from echo2.records import LORA_A, LORA_B
@@ -51,12 +51,12 @@ def main() -> None:
     mcfg = GGUFModelConfig() if args.model == "gguf" else TinyModelConfig()
     tok = load_tokenizer(mcfg)
     base = load_model(mcfg, vocab_size=len(tok), seed=0)
-    full = publish(base, 1)
+    full = make_snapshot(base, 1, LearnerConfig())
     policy = apply_lora(copy.deepcopy(base), LoraConfig(rank=args.rank))
     with torch.no_grad():  # as after training: B no longer zero
         for _, layer in lora_layers(policy):
             layer.lora_B[ADAPTER].weight.normal_(std=1e-3)
-    adapter = publish(policy, 1)
+    adapter = make_snapshot(policy, 1, LearnerConfig())
     full_bytes, adapter_bytes = len(serialise(full)), len(serialise(adapter))
 
     merged = engine_copy(policy).eval()  # the HF engine's model: base weights, adapter merged in

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from echo2.config import ArithmeticTask, ConfigError, LearnerConfig, LoraConfig, build_config
+from echo2.config import ArithmeticTaskConfig, ConfigError, LearnerConfig, LoraConfig, build_config
 from echo2.control.remote import serialise
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
-from echo2.learning.loop import publish
+from echo2.learning.loop import make_snapshot
 from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
 from echo2.learning.step import make_optimizer, response_logprobs
 from echo2.models import merge_adapter
@@ -76,7 +76,7 @@ def test_a_bad_target_is_a_config_error_naming_the_key(tiny, targets, why):
 def test_adapter_snapshot_is_small_and_keyed_by_base_layers(tiny):
     policy = wrapped(tiny)  # default targets: every attention and MLP projection
     full = serialise(Snapshot(version=1, state={k: v.clone() for k, v in tiny[0].state_dict().items()}))
-    snap = publish(policy, 1)
+    snap = make_snapshot(policy, 1, LearnerConfig())
     adapter = serialise(snap)
     assert snap.is_adapter and len(snap.state) == 2 * 7 * 2
     assert len(adapter) * 20 <= len(full), (len(adapter), len(full))
@@ -99,14 +99,14 @@ def test_adapter_state_folds_the_scale_into_b(tiny):
 
 def test_install_changes_outputs_and_the_zero_adapter_restores_the_base_exactly(tiny, rollout_cfg):
     model, tok = tiny
-    prompts = [make_task(ArithmeticTask(), seed=0).train_prompt(i) for i in range(3)]
+    prompts = [make_task(ArithmeticTaskConfig(), seed=0).train_prompt(i) for i in range(3)]
     engine = HFEngine(copy.deepcopy(model), tok, rollout_cfg)
     base_out, base_weights = greedy(engine, prompts), copy.deepcopy(engine.model.state_dict())
 
     policy = wrapped(tiny)
-    zero = publish(policy, 1)
+    zero = make_snapshot(policy, 1, LearnerConfig())
     randomise_adapter(policy, seed=2)
-    trained = publish(policy, 2)
+    trained = make_snapshot(policy, 2, LearnerConfig())
     engine.install(trained)
     assert engine.version == 2 and greedy(engine, prompts) != base_out
     once = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -123,7 +123,7 @@ def test_install_after_the_wire_equals_install_in_process(tiny, rollout_cfg):
     model, tok = tiny
     policy = wrapped(tiny, target_modules=["o_proj", "down_proj"])
     randomise_adapter(policy, seed=3)
-    snap = publish(policy, 4)
+    snap = make_snapshot(policy, 4, LearnerConfig())
     received = Snapshot(version=4, state=load(serialise(snap)))
     assert received.is_adapter
     a, b = HFEngine(copy.deepcopy(model), tok, rollout_cfg), HFEngine(copy.deepcopy(model), tok, rollout_cfg)
@@ -139,8 +139,8 @@ def test_engine_logprobs_match_the_lora_learner(tiny, rollout_cfg):
     randomise_adapter(policy, seed=4, scale=0.2)
     engine = HFEngine(engine_copy(policy), tok, rollout_cfg)
     assert not is_lora(engine.model)
-    engine.install(publish(policy, 1))
-    task = make_task(ArithmeticTask(), seed=0)
+    engine.install(make_snapshot(policy, 1, LearnerConfig()))
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     torch.manual_seed(0)
     groups = collect(engine, task, [task.train_prompt(i) for i in range(2)], n=rollout_cfg.group_size)
     records = [r for g in groups for r in g]

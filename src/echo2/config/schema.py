@@ -1,18 +1,16 @@
-"""Run configuration: one TOML file, validated by pydantic, overridable by `--section.key=value`.
+"""The schema of a run's configuration: one pydantic model per section, and the rules that tie
+fields together (the kappa rule is shared with `echo2 plan` and the simulator).
 
-Owns the schema of every section and the rules that tie fields together. Imports no torch, so
-`echo2 run --dry-run` and `--help` stay instant. A user mistake raises `ConfigError` whose message
-names the dotted key; the CLI turns it into exit status 2 before anything starts.
+Knows no files and no command line (files.py reads and writes them). Imports no torch. A user
+mistake raises `ConfigError` whose message names the dotted key.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def publish_every(kappa: int | None, staleness: int) -> int:
@@ -314,97 +312,3 @@ class Config(_Section):
 
     def run_dir(self) -> Path:
         return Path(self.run.dir.format(name=self.run.name, seed=self.run.seed))
-
-
-# ---------------------------------------------------------------------------- loading
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """`["--learner.lr=1e-6", "--run.seed", "3"]` -> `{"learner.lr": 1e-6, "run.seed": 3}`.
-
-    Values are read as TOML (numbers, booleans, arrays, quoted strings); anything else is a string.
-    """
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or len(arg) == 2:
-            raise ConfigError(f"unexpected argument {arg!r}: overrides look like --section.key=value")
-        key, sep, raw = arg[2:].partition("=")
-        if not sep:
-            if i + 1 >= len(args):
-                raise ConfigError(f"{key}: missing value")
-            i += 1
-            raw = args[i]
-        out[key] = _toml_value(raw)
-        i += 1
-    return out
-
-
-def _toml_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    """Set `key` ("a.b.c", list items by index: "workers.0.count") in a nested dict, in place."""
-    parts = key.split(".")
-    node: Any = tree
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        where = ".".join(parts[: i + 1])
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{key}: {where} is not an item of a list of {len(node)}")
-            if last:
-                node[int(part)] = value
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-        else:
-            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a section")
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
-
-
-def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) -> Config:
-    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in tree.items()}
-    for key, value in (overrides or {}).items():
-        set_dotted(tree, key, value)
-    try:
-        return Config.model_validate(tree)
-    except ValidationError as e:
-        raise ConfigError(validation_message(e)) from None
-
-
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    return build_config(read_toml(path), overrides)
-
-
-def validation_message(e: ValidationError) -> str:
-    """One line naming the dotted key of the first problem pydantic found."""
-    err = e.errors()[0]
-    # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file").
-    loc = [str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom")]
-    msg = err["msg"].removeprefix("Value error, ")
-    key = ".".join(loc)
-    if msg.startswith(key + ".") or msg.startswith(key + ":"):  # validators that name their key
-        return msg
-    extra = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
-    return f"{key or '<root>'}: {msg}{extra}"
-
-
-def dump_toml(config: Config) -> str:
-    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
