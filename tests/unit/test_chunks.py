@@ -12,8 +12,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast import chunks as ck
 from echo2.broadcast.chunks import Manifest, VerificationError
+from echo2.broadcast.relay import ChunkStore
 
 DATA = bytes(range(256)) * 40 + b"tail"  # 10_244 bytes: 11 chunks of 1000, the last of 244
+
+
+def store_with(manifest: Manifest, chunks: dict[int, bytes]) -> ChunkStore:
+    """A worker's chunk store holding `manifest` and whichever of `chunks` it accepts."""
+    store = ChunkStore()
+    store.add_manifest(manifest)
+    for i, data in chunks.items():
+        store.put(manifest.version, i, data)
+    return store
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +57,14 @@ def test_round_trip(signed, key):
     ck.verify_manifest(parsed, ck.public_key_hex(key))  # a configured hex key works too
     assert all(ck.verify_chunk(parsed, i, c) for i, c in enumerate(parts))
     shuffled = {i: parts[i] for i in reversed(range(len(parts)))}
-    assert ck.assemble(parsed, shuffled) == DATA
+    assert store_with(parsed, shuffled).assemble(7) == DATA  # chunks arrive in any order
 
 
 def test_empty_snapshot(key):
     manifest, parts = ck.make_manifest(0, b"", 1000, key)
     assert parts == [] and manifest.num_chunks == 0
     ck.verify_manifest(manifest, key.public_key())
-    assert ck.assemble(manifest, {}) == b""
+    assert store_with(manifest, {}).assemble(0) == b""
 
 
 def test_tampered_chunk_is_detected(signed):
@@ -65,18 +75,22 @@ def test_tampered_chunk_is_detected(signed):
     assert not ck.verify_chunk(manifest, 3, parts[3] + b"x")
     assert not ck.verify_chunk(manifest, 4, parts[3])  # right bytes, wrong place
     assert not ck.verify_chunk(manifest, 11, parts[3]) and not ck.verify_chunk(manifest, -1, parts[3])
-    with pytest.raises(VerificationError, match="chunk 3"):
-        ck.assemble(manifest, {**dict(enumerate(parts)), 3: bytes(bad)})
+    store = store_with(manifest, {**dict(enumerate(parts)), 3: bytes(bad)})
+    assert store.get(7, 3) is None and store.first_missing(7) == 3, "a bad chunk is never stored"
+    with pytest.raises(VerificationError, match="chunk 3 missing"):
+        store.assemble(7)
+    assert store.put(7, 3, parts[3]) and store.assemble(7) == DATA  # the right bytes fill the gap
 
 
-def test_assemble_refuses_missing_and_extra_chunks(signed):
+def test_the_store_refuses_missing_extra_and_unknown_chunks(signed):
     manifest, parts = signed
     have = dict(enumerate(parts))
     del have[5]
-    with pytest.raises(VerificationError, match="missing"):
-        ck.assemble(manifest, have)
-    with pytest.raises(VerificationError, match="unexpected"):
-        ck.assemble(manifest, {**dict(enumerate(parts)), 11: b"x"})
+    store = store_with(manifest, have)
+    with pytest.raises(VerificationError, match="chunk 5 missing"):
+        store.assemble(7)
+    assert not store.put(7, 11, b"x") and 11 not in store.chunks[7], "no index past the manifest"
+    assert not store.put(8, 0, parts[0]), "no chunk of a version without a manifest"
 
 
 @pytest.mark.parametrize(

@@ -127,20 +127,6 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes | memoryview) -> bo
     return len(data) == end - start and sha256_hex(data) == manifest.chunk_sha256[index]
 
 
-def assemble(manifest: Manifest, chunks: dict[int, bytes]) -> bytes:
-    """The snapshot from all its chunks; VerificationError if one is missing, extra or corrupt."""
-    missing = [i for i in range(manifest.num_chunks) if i not in chunks]
-    if missing:
-        raise VerificationError(f"{len(missing)} chunk(s) missing, first {missing[:5]}")
-    extra = sorted(set(chunks) - set(range(manifest.num_chunks)))
-    if extra:
-        raise VerificationError(f"unexpected chunk index(es) {extra[:5]}")
-    for i in range(manifest.num_chunks):
-        if not verify_chunk(manifest, i, chunks[i]):
-            raise VerificationError(f"chunk {i} does not match its hash in the manifest")
-    return b"".join(chunks[i] for i in range(manifest.num_chunks))
-
-
 def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
     """The learner's signing key: read from PEM at `path`, or generated and saved there (mode
     0600, never overwriting a key another process saved first) and reused afterwards."""
