@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import TINY
 
 from echo2.config import load_config
 from echo2.learning.loop import run
@@ -17,7 +18,6 @@ from echo2.metrics import read_metrics
 from echo2.rollout.local_fleet import LocalFleet
 
 HERE = Path(__file__).parent
-TINY = str(HERE.parents[1] / "configs" / "tiny.toml")
 
 
 @pytest.mark.parametrize("mode", ["chain", "star"])

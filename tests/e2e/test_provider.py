@@ -4,11 +4,9 @@ process it started is stopped when the run ends."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from support import TINY
 
 from echo2.cli import main
-
-TINY = str(Path(__file__).parents[1].parent / "configs" / "tiny.toml")
 
 
 def test_the_scheduler_starts_workers_from_the_pool(tmp_path, monkeypatch):

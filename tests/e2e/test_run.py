@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from support import TINY
+
 from echo2.cli import main
 from echo2.metrics import read_metrics
 
-TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 TOY = ["--task.type=custom", "--task.factory=toy_task:Vowels"]  # rewards that vary on a random model
 
 

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support import TINY
 
 from echo2.cli import main
 from echo2.config import load_config
@@ -21,7 +22,6 @@ from echo2.metrics import read_metrics
 from echo2.rollout.local_fleet import LocalFleet
 
 HERE = Path(__file__).parent
-TINY = str(HERE.parents[1] / "configs" / "tiny.toml")
 TOY = ["--task.type=custom", "--task.factory=toy_task:Vowels"]
 
 

@@ -18,13 +18,13 @@ import urllib.request
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from support import make_state
 
 from echo2.broadcast.peer import BroadcastPeer
 from echo2.broadcast.relay import RelayServer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
-from echo2.data.buffer import ReplayBuffer
+from echo2.control.state import CoordinatorState
 
 TOKEN = "bcast-token"
 CHUNK = 64 * 1024
@@ -36,12 +36,8 @@ def start_coordinator(
     *, mode="chain", chains=2, uplink_bps=None, download_mbps=None, heartbeat_timeout=30.0, **extra
 ):
     """A coordinator whose plan has `chains` chains until transfers are measured."""
-    state = CoordinatorState(
+    state = make_state(
         **extra,
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
         heartbeat_timeout=heartbeat_timeout,
         broadcast=BroadcastPolicy(
             mode=mode, chunk_size=CHUNK, uplink_budget_bps=chains * WORKER_BPS, worker_bps=WORKER_BPS

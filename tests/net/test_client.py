@@ -9,6 +9,7 @@ import socket
 
 import pytest
 from aiohttp import web
+from support import make_state
 
 from echo2.control.client import (
     CoordinatorClient,
@@ -35,8 +36,6 @@ from echo2.control.protocol import (
     RouteRequest,
     WireRecord,
 )
-from echo2.control.state import CoordinatorState, Limits
-from echo2.data.buffer import ReplayBuffer
 
 TOKEN = "client-token"
 FAST = RetryPolicy(max_attempts=5, give_up_after=10.0, initial_delay=0.01, max_delay=0.05)
@@ -48,13 +47,7 @@ def bounded(coro, timeout: float = 30.0):
 
 @pytest.fixture
 def coord():
-    state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=30.0,
-    )
+    state = make_state(heartbeat_timeout=30.0)
     server = Coordinator(state, token=TOKEN, run_info={"seed": 0}, heartbeat_interval=1.0)
     server.start()
     yield server, state

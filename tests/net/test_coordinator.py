@@ -8,33 +8,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from support import FakeClock, make_state
 
 from echo2.control.coordinator import Coordinator
 from echo2.control.errors import Released
-from echo2.control.state import CoordinatorState, Limits
-from echo2.data.buffer import ReplayBuffer
+from echo2.control.state import CoordinatorState
 
 TOKEN = "secret-token"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_state(clock: FakeClock, cls: type[CoordinatorState] = CoordinatorState, **extra) -> CoordinatorState:
-    return cls(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=10.0,
-        clock=clock,
-        **extra,
-    )
 
 
 @pytest.fixture

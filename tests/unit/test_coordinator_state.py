@@ -9,27 +9,17 @@ import threading
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from support import LIMITS, FakeClock, make_state
 
 from echo2.broadcast.chunks import public_key_hex
 from echo2.control.errors import InvalidBatch, LeaseExpired, Released, Stale, UnknownWorker
 from echo2.control.fleet import Call, Fleet, Slots
-from echo2.control.leases import Leases, Limits
+from echo2.control.leases import Leases
 from echo2.control.registry import Registry, WorkerStatus
 from echo2.control.scheduler import Kind, Scheduler
 from echo2.control.selection import WorkerOffer
-from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
-
-LIMITS = Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ids(prefix: str = "id"):
@@ -171,18 +161,6 @@ def test_fleet_plans_provider_calls_without_calling():
 
 
 # ---------------------------------------------------------------------- the façade
-def make_state(clock: FakeClock, **extra) -> CoordinatorState:
-    return CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=LIMITS,
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=10.0,
-        clock=clock,
-        **extra,
-    )
-
-
 def test_facade_is_deterministic_with_injected_key_and_ids():
     key = Ed25519PrivateKey.from_private_bytes(bytes(32))
     runs = []

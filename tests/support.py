@@ -1,0 +1,40 @@
+"""Helpers shared by the test files: importable as `support` (pyproject.toml puts tests/ on
+pytest's pythonpath). Fixtures live in conftest.py; plain values and builders live here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from echo2.control.state import CoordinatorState, Limits
+from echo2.data.buffer import ReplayBuffer
+
+TINY = str(Path(__file__).parents[1] / "configs" / "tiny.toml")
+"""The tiny random-model configuration every end-to-end test starts from."""
+
+LIMITS = Limits(vocab_size=100, max_prompt_tokens=8, max_new_tokens=4, group_size=2)
+
+
+class FakeClock:
+    """A clock the test moves by hand: `clock.now += 5`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(
+    clock: FakeClock | None = None, cls: type[CoordinatorState] = CoordinatorState, **extra
+) -> CoordinatorState:
+    """A coordinator state over a tiny vocabulary: S = 1, groups of 2, group ids g0, g1, ..."""
+    kwargs = {
+        "buffer": ReplayBuffer(staleness=1, group_size=2),
+        "limits": LIMITS,
+        "group_id_of": lambda i: f"g{i}",
+        "lease_timeout": 30.0,
+        "heartbeat_timeout": 10.0,
+    }
+    if clock is not None:
+        kwargs["clock"] = clock
+    return cls(**(kwargs | extra))
