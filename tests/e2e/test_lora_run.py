@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from support import TINY
 
 from echo2.cli import main
 from echo2.config import TinyModelConfig
 from echo2.metrics import read_metrics
 from echo2.models import load_model, load_tokenizer
 
-TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 TOY = ["--task.type=custom", "--task.factory=toy_task:Vowels"]  # rewards that vary on a random model
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
+from support import TINY
 
 from echo2.cli import main
 from echo2.config import ConfigError, LearnerConfig
@@ -15,7 +15,6 @@ from echo2.learning.device import place, resolve_device, snapshot_state
 from echo2.learning.step import make_optimizer, train_step
 from echo2.records import Trajectory
 
-TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 
 
@@ -133,3 +132,16 @@ def test_one_process_deals_every_micro_batch_live():
     batches = [[0, 1], [2], [3, 4]]
     assert list(distributed.share(iter(batches), records=[])) == [(b, True) for b in batches]
     assert distributed.world_size() == 1 and distributed.rank() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.sh)")
+def test_bf16_step_on_cuda_matches_the_cpu_step(tiny):
+    """The same bf16 step on the GPU: weights stay fp32 and finite on cuda, and the loss agrees
+    with the CPU fp32 step within bf16 precision."""
+    _, _, s32 = one_step(tiny, LearnerConfig(lr=1e-3, device="cpu", dtype="fp32"))
+    m16, _, s16 = one_step(tiny, LearnerConfig(lr=1e-3, device="cuda", dtype="bf16"))
+    params = list(m16.parameters())
+    assert all(p.is_cuda and p.dtype == torch.float32 and torch.isfinite(p).all() for p in params)
+    assert abs(s16["train/loss"] - s32["train/loss"]) < 0.02
+    assert abs(s16["train/ratio_mean"] - 1) < 0.02

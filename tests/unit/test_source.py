@@ -3,7 +3,7 @@ nothing; `start` installs the learner's weights in the engine."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from support import TINY
 
 from echo2.config import load_config
 from echo2.data.buffer import ReplayBuffer
@@ -11,8 +11,6 @@ from echo2.data.tasks import make_task
 from echo2.learning.source import SourceSpec, make_source
 from echo2.records import Snapshot
 from echo2.rollout.local import LocalRollout
-
-TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 
 
 class RecordingEngine:
