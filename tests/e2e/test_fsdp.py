@@ -58,10 +58,9 @@ def fixed_groups(model, *, pad_id: int, vocab: int) -> list[list[Trajectory]]:
 
 
 def _rank(rank: int, port: int, groups, out: str) -> None:
-    from echo2.models import load_model, load_tokenizer
-
     from echo2.learning import distributed
     from echo2.learning.device import place, snapshot_state
+    from echo2.models import load_model, load_tokenizer
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
