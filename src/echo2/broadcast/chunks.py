@@ -2,7 +2,7 @@
 
 The learner signs the manifest; relays are untrusted. A worker verifies the manifest against the
 learner's public key before using it, and every chunk against the manifest before storing,
-forwarding or installing it (DESIGN.md invariants). No I/O except the key file.
+forwarding or installing it (docs/architecture.md, invariants). No I/O except the key file.
 """
 
 from __future__ import annotations

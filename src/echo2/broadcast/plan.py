@@ -1,7 +1,7 @@
 """Forwarding chains for snapshot broadcast (paper 4.2 and Appendix C.3): pure, no I/O, no clock.
 
 Workers are scored from their transfer history (`PeerStats`, the Appendix C.3 formula with the
-constants of DESIGN.md "Reference details"), ranked, and laid out as N_ch = floor(B0 / Bw) chains
+constants of `ScoreParams`), ranked, and laid out as N_ch = floor(B0 / Bw) chains
 of fan-out 1 (`build_chains`). A failed relay is excised and its tail reattaches to its parent
 (`ChainPlan.excise`). The broadcast-time formulas let the planner, the simulator and the benchmarks
 compare chains with a star against the fluid lower bound M / Bw.
@@ -251,7 +251,7 @@ def chain_broadcast_time(
     n: int, n_ch: int, size_bytes: float, chunk_bytes: float, worker_bps: float, hop_delay_s: float
 ) -> float:
     """L*d + (K + L - 1) * c / Bw with L = ceil(n / n_ch) hops and K = ceil(M / c) chunks
-    (store-and-forward pipeline; DESIGN.md "Broadcast time")."""
+    (store-and-forward pipeline; sim/broadcast.py derives it)."""
     if n <= 0:
         return 0.0
     hops = math.ceil(n / n_ch)

@@ -34,7 +34,7 @@ class RegisterRequest(_Wire):
 class RegisterResponse(_Wire):
     worker_id: str
     run: dict[str, Any]
-    """The sections a worker needs: model, task, rollout and run.seed."""
+    """The sections a worker needs: model, task, rollout, coordinator, broadcast, and run.seed."""
     heartbeat_interval: float
     published_version: int
     public_key: str

@@ -1,8 +1,8 @@
 """Which workers to activate: the cheapest set whose throughput reaches a target (paper 3.4).
 
-Two pure policies over a pool of worker types: the paper's greedy heuristic (activate in increasing
-unit cost rho = c / mu) and the exact minimum-cost selection, a small integer program solved with
-SciPy's `milp` (HiGHS). The exact one never costs more than the greedy one when both reach the
+Two pure policies over a pool of `WorkerOffer`s (one kind of worker, `count` of them): the paper's
+greedy heuristic (activate in increasing unit cost rho = c / mu) and the exact minimum-cost
+selection, a small integer program solved with SciPy's `milp` (HiGHS). The exact one never costs more than the greedy one when both reach the
 target (property-tested).
 """
 

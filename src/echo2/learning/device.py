@@ -7,7 +7,7 @@ autocast context of the forward pass, moving a micro-batch to the policy's devic
 learner's fp32 weights into a snapshot's state dict in the rollout dtype.
 
 bf16 is fp32 master weights with bf16 autocast: parameters, gradients and AdamW state stay fp32,
-matmuls run in bf16, and log-softmax runs in fp32 (grpo.token_logprobs casts logits up). Knows
+matmuls run in bf16, and log-softmax runs in fp32 (models.token_logprobs casts logits up). Knows
 nothing of GRPO, tasks, rollouts or the coordinator.
 """
 

@@ -1,1 +1,2 @@
-"""Rollout plane: engines that sample responses with behaviour log-probs, and the rollout step."""
+"""Rollout plane: engines that sample responses with behaviour log-probs, the rollout step, the
+in-process source, the worker process and local worker fleets. Knows nothing of training."""
