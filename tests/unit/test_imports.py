@@ -28,7 +28,7 @@ PURE = [
     "echo2.control.leases",
     "echo2.control.fleet",
 ]
-"""Policies and formulas shared by the runtime, the simulator and the tests (DESIGN.md)."""
+"""Policies and formulas shared by the runtime, the simulator and the tests (docs/architecture.md)."""
 
 IO_LIBRARIES = {"aiohttp", "socket", "subprocess", "signal", "http", "urllib", "requests", "threading"}
 """Importing one of these makes a module an I/O module."""
