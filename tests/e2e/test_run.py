@@ -123,3 +123,27 @@ def test_a_bad_tokenizer_file_exits_2_naming_the_key(tmp_path, capsys):
     assert main(["run", TINY, f"--run.dir={run_dir}", f"--model.tokenizer_file={bad}", "-q"]) == 2
     assert "model.tokenizer_file" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_eval_every_measures_held_out_accuracy_during_the_run_and_changes_no_rollout(tmp_path, monkeypatch):
+    """`run.eval_every = 1`: eval/accuracy after every step. With S = 3 (a snapshot every 2 steps)
+    the engine is behind the learner at odd steps, so evaluating installs the current weights and
+    puts the published ones back: rewards are those of a run that never evaluates."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    common = [
+        *TOY,
+        "--learner.steps=4",
+        "--learner.staleness=3",
+        "--learner.lr=1e-3",
+        "--run.eval_size=4",
+        "-q",
+    ]
+    assert main(["run", TINY, f"--run.dir={tmp_path / 'plain'}", *common]) == 0
+    assert main(["run", TINY, f"--run.dir={tmp_path / 'eval'}", "--run.eval_every=1", *common]) == 0
+    plain = read_metrics(tmp_path / "plain" / "metrics.jsonl")
+    evaluated = read_metrics(tmp_path / "eval" / "metrics.jsonl")
+    assert all("eval/accuracy" not in r for r in plain)
+    assert all(r["eval/count"] == 4 and 0 <= r["eval/accuracy"] <= 1 for r in evaluated)
+    assert [r["reward/mean"] for r in evaluated] == [r["reward/mean"] for r in plain]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert evaluated[-1]["eval/accuracy"] == summary["eval_after"]["eval/accuracy"], "the same weights"

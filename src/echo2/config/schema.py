@@ -294,6 +294,9 @@ class RunConfig(_Section):
     """Held-out problems scored greedily before and after training (0 skips evaluation)."""
     eval_batch_size: int = Field(50, ge=1)
     """Prompts per greedy generation batch during evaluation."""
+    eval_every: int = Field(0, ge=0)
+    """Also measure held-out accuracy every N steps (metrics `eval/accuracy`); 0: only before and
+    after training."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every N steps (0: only at the end)."""
     threads: int | None = Field(None, ge=1)

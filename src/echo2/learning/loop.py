@@ -48,6 +48,20 @@ def make_snapshot(model, version: int, config: LearnerConfig) -> Snapshot:
     return Snapshot(version=version, state=snapshot_state(model, config))
 
 
+def evaluate_now(
+    engine, current: Snapshot, published: Snapshot, task, prompts, config: Config
+) -> dict[str, float]:
+    """Held-out accuracy of the learner's current weights during training. The engine is then put
+    back on the last published snapshot, so evaluating changes no rollout."""
+    if engine.version != current.version:
+        engine.install(current)
+    try:
+        return evaluate(engine, task, prompts, batch_size=config.run.eval_batch_size)
+    finally:
+        if engine.version != published.version:
+            engine.install(published)
+
+
 def run(
     config: Config,
     *,
@@ -121,7 +135,8 @@ def run(
         if state.eval_before is None and eval_prompts:
             state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
             logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
-        source.start(make_snapshot(model, state.version, lcfg))  # rollouts start from the current weights
+        published = make_snapshot(model, state.version, lcfg)
+        source.start(published)  # rollouts start from the current weights
 
         # ---- the loop
         bar = tqdm(
@@ -152,7 +167,8 @@ def run(
             state.version += 1
             source.advance(state.version)
             if state.version % lcfg.publish_every == 0:
-                source.publish(make_snapshot(model, state.version, lcfg))
+                published = make_snapshot(model, state.version, lcfg)
+                source.publish(published)
             source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
@@ -173,6 +189,9 @@ def run(
                 **rollout_stats,
                 "throughput/train_tokens_per_s": stats["train/tokens"] / max(t2 - t1, 1e-9),
             }
+            if config.run.eval_every and eval_prompts and state.step % config.run.eval_every == 0:
+                current = make_snapshot(model, state.version, lcfg)
+                row |= evaluate_now(engine, current, published, task, eval_prompts, config)
             metrics.write(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
