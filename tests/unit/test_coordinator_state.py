@@ -135,6 +135,22 @@ def test_ingest_is_all_or_nothing_and_stale_batches_reissue():
     assert not ls.admits(0) and ls.admits(1)
 
 
+def test_a_buffered_group_evicted_as_stale_has_its_prompt_generated_again():
+    """A complete group that waited in the buffer until the learner moved past S goes back to the
+    queue (first in line), so no prompt is lost to staleness; a checkpoint counts it as pending."""
+    ls = leases()
+    ls.issue("L0", "w", max_groups=2, now=0.0)
+    batch = [rec("g0", "a"), rec("g0", "b"), rec("g1", "c"), rec("g1", "d")]
+    assert ls.ingest("w", "L0", batch, published_version=0)["accepted"] == 4
+    assert ls.pending() == [0, 1], "generated but not consumed yet"
+    groups, _ = ls.buffer.take(1)
+    ls.taken(groups)
+    assert [g[0].group_id for g in groups] == ["g0"] and ls.pending() == [1]
+    ls.requeue_evicted(ls.buffer.set_learner_version(2))  # S = 1: version 0 is now too old
+    assert ls.buffer.rejected["stale"] == 2 and list(ls.reissue) == [1] and ls.reissued == 1
+    assert ls.issue("L1", "w", max_groups=2, now=1.0).indices == (1, 2), "regenerated first"
+
+
 # ---------------------------------------------------------------------- fleet
 def test_fleet_plans_provider_calls_without_calling():
     reg = Registry(heartbeat_timeout=10.0)

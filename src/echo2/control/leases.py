@@ -61,6 +61,9 @@ class Leases:
         """Records refused at ingestion, by reason."""
         self.accepted = 0
         self.reissued = 0
+        self.buffered: dict[str, int] = {}
+        """Prompt index of every complete group in the buffer, until the learner takes it (or it is
+        evicted as stale and its prompt goes back to the queue)."""
         """Prompts put back in the queue (expired, returned or stale leases, lost workers)."""
 
     # ------------------------------------------------------------------ leases
@@ -101,6 +104,18 @@ class Leases:
         self.reissued += len(todo)
         logger.info("lease %s of %s reissued (%d groups)", lease.lease_id, lease.worker_id, len(todo))
 
+    def requeue_evicted(self, group_ids: list[str]) -> None:
+        """Groups the buffer evicted as stale: their prompts go back to the queue, so a prompt is
+        never lost to staleness (it is generated again under a newer version)."""
+        todo = [self.buffered.pop(gid) for gid in group_ids if gid in self.buffered]
+        self.reissue.extend(todo)
+        self.reissued += len(todo)
+
+    def taken(self, groups: list[list[Trajectory]]) -> None:
+        """The learner took these groups: their prompts are done."""
+        for group in groups:
+            self.buffered.pop(group[0].group_id, None)
+
     def put_back_all(self, worker_id: str) -> None:
         for lease in [le for le in self.leases.values() if le.worker_id == worker_id]:
             self.put_back(lease)
@@ -112,8 +127,10 @@ class Leases:
                 self.put_back(lease)
 
     def pending(self) -> list[int]:
-        """Prompts handed out or queued but not generated yet (for a checkpoint)."""
-        return list(self.reissue) + [i for lease in self.leases.values() for i in lease.indices]
+        """Prompts not consumed yet: queued, handed out, or generated and still in the buffer (a
+        checkpoint does not hold the buffer, so a resumed run generates them again)."""
+        leased = [i for lease in self.leases.values() for i in lease.indices]
+        return list(self.reissue) + leased + list(self.buffered.values())
 
     # ------------------------------------------------------------------ ingestion
     def ingest(
@@ -134,9 +151,11 @@ class Leases:
         lease = self.leases[lease_id]
         stored = self.buffer.add(fresh)
         assert stored == len(fresh), "validated records are all admitted"
+        index_of = {self.group_id_of(i): i for i in lease.indices}
         for gid in Counter(r.group_id for r in fresh):
             if self.buffer.group_count(gid) == self.limits.group_size:
                 lease.done_groups.add(gid)
+                self.buffered[gid] = index_of[gid]
         if lease.done_groups == lease.group_ids:
             del self.leases[lease_id]
         self.accepted += stored

@@ -349,11 +349,13 @@ class CoordinatorState:
             )
             if self.buffer.num_ready_groups() < num_groups:
                 return [], []
-            return self.buffer.take(num_groups)
+            groups, staleness = self.buffer.take(num_groups)
+            self.ingestion.taken(groups)
+            return groups, staleness
 
     def set_learner_version(self, version: int) -> None:
         with self.lock:
-            self.buffer.set_learner_version(version)
+            self.ingestion.requeue_evicted(self.buffer.set_learner_version(version))
 
     def close(self) -> None:
         with self.lock:

@@ -60,13 +60,16 @@ class ReplayBuffer:
     def group_count(self, group_id: str) -> int:
         return len(self._groups.get(group_id, ()))
 
-    def set_learner_version(self, version: int) -> None:
-        """Advance the learner version and evict every group holding a record now too old."""
+    def set_learner_version(self, version: int) -> list[str]:
+        """Advance the learner version and evict every group holding a record now too old; returns
+        the evicted group ids (so their prompts can be generated again)."""
         assert version >= self.learner_version, "learner version never goes back"
         self.learner_version = version
         floor = self.min_version()
-        for gid in [g for g, recs in self._groups.items() if min(r.version for r in recs) < floor]:
+        evicted = [g for g, recs in self._groups.items() if min(r.version for r in recs) < floor]
+        for gid in evicted:
             self.rejected["stale"] += len(self._groups.pop(gid))
+        return evicted
 
     # ------------------------------------------------------------------ hand-out
     def num_ready_groups(self) -> int:
