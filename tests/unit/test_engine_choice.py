@@ -12,7 +12,6 @@ from echo2.config import RolloutConfig
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine, make_engine
 
-
 TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 
 
