@@ -12,25 +12,27 @@ from echo2.config import ArithmeticTask as ArithmeticConfig  # noqa: E402
 from echo2.config import GGUFModel, RolloutConfig  # noqa: E402
 from echo2.data.tasks import make_task  # noqa: E402
 from echo2.data.tasks.base import to_tensors  # noqa: E402
-from echo2.learning.model import gguf_model_dir, load_model, load_tokenizer  # noqa: E402
+from echo2.learning.model import load_model, load_tokenizer  # noqa: E402
 from echo2.learning.step import response_logprobs  # noqa: E402
 from echo2.records import Snapshot  # noqa: E402
 from echo2.rollout.collect import collect  # noqa: E402
 from echo2.rollout.engine import encode_prompt  # noqa: E402
-from echo2.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from echo2.rollout.vllm_engine import VLLMEngine, make_engine  # noqa: E402
 
-CFG = RolloutConfig(prompts_per_step=4, group_size=4, max_new_tokens=8, temperature=0.8)
+CFG = RolloutConfig(engine="vllm", prompts_per_step=4, group_size=4, max_new_tokens=8, temperature=0.8)
 LOGPROB_TOL = 1e-3
 """|log ratio| per token of an unchanged policy, vLLM fp32 against the learner's fp32 forward."""
 
 
 @pytest.fixture(scope="module")
 def smol():
-    """(vLLM engine, fp32 HF model, tokenizer) for SmolLM2-135M, one engine for the module."""
+    """(vLLM engine, fp32 HF model, tokenizer) for SmolLM2-135M, one engine for the module, built
+    as the training loop builds it: from the in-memory model, through `make_engine`."""
     mcfg = GGUFModel()
     tok = load_tokenizer(mcfg)
     model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
-    engine = VLLMEngine(gguf_model_dir(mcfg.file, mcfg.cache_dir), tok, CFG, seed=0, kv_cache_gib=0.25)
+    engine = make_engine(CFG, model=model, tokenizer=tok, version=0, seed=0)
+    assert isinstance(engine, VLLMEngine)
     return engine, model, tok
 
 

@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 EXTENSION = "echo2.rollout.vllm_ext.WeightInstaller"
 KV_CACHE_GIB = 1.0
-"""Default KV-cache budget: small, so a learner and several workers share one machine."""
+"""Default KV-cache budget (GiB; env ECHO2_VLLM_KV_CACHE_GIB overrides): small, so a learner and
+several workers share one machine. A GPU worker alone on its card can raise it."""
 
 
 class VLLMEngine:
@@ -47,7 +48,7 @@ class VLLMEngine:
         version: int = 0,
         seed: int = 0,
         dtype: str = "float32",
-        kv_cache_gib: float = KV_CACHE_GIB,
+        kv_cache_gib: float | None = None,
         threads: int | None = None,
     ) -> None:
         if config.top_p < 1:
@@ -69,6 +70,8 @@ class VLLMEngine:
         self.config = config
         self.version = version
         self.eos_id = tokenizer.eos_token_id
+        if kv_cache_gib is None:
+            kv_cache_gib = float(os.environ.get("ECHO2_VLLM_KV_CACHE_GIB", KV_CACHE_GIB))
         start = time.perf_counter()
         self.llm = LLM(
             model=str(model_dir),
