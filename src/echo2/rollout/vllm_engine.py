@@ -17,7 +17,6 @@ Guarantees, matching `HFEngine`:
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
@@ -153,12 +152,13 @@ def make_engine(
 ) -> Engine:
     """The engine `config.engine` names, generating with `model`'s current weights.
 
-    "hf" wraps a copy of `model`; "vllm" writes it once as a safetensors directory for vLLM to
-    load (vLLM loads only from a directory), then drops the directory."""
+    "hf" generates with `model` itself (pass a copy of a model you train, as with `HFEngine`);
+    "vllm" writes it once as a safetensors directory for vLLM to load (vLLM loads only from a
+    directory), then drops the directory; `model` may then be freed."""
     if config.engine == "hf":
         from echo2.rollout.engine import HFEngine
 
-        return HFEngine(copy.deepcopy(model), tokenizer, config, version=version)
+        return HFEngine(model, tokenizer, config, version=version)
     elif config.engine == "vllm":
         model_dir = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
         try:
