@@ -3,6 +3,7 @@ tests/e2e/test_vllm_engine.py, which needs vllm installed)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ def test_default_engine_is_hf(tiny):
     model, tok = tiny
     cfg = RolloutConfig()
     assert cfg.engine == "hf"
-    engine = make_engine(cfg, model=model, tokenizer=tok, version=3, seed=0)
-    assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is model
+    own = copy.deepcopy(model)  # HFEngine puts its model in eval mode; leave the shared one alone
+    engine = make_engine(cfg, model=own, tokenizer=tok, version=3, seed=0)
+    assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is own
 
 
 def test_vllm_engine_refuses_top_p_below_one(tiny):
