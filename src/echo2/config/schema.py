@@ -106,6 +106,8 @@ TaskConfig = Annotated[ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig,
 
 # ---------------------------------------------------------------------------- rollout
 class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: "hf" (transformers generate) or "vllm" (needs the `vllm` extra)."""
     prompts_per_step: int = Field(8, ge=1)
     """Groups (distinct prompts) per learner step."""
     group_size: int = Field(8, ge=2)

