@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from echo2.config import ArithmeticTask as ArithmeticConfig
-from echo2.config import GGUFModel, RolloutConfig
+from echo2.config import ArithmeticTaskConfig
+from echo2.config import GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
-from echo2.learning.model import gguf_model_dir, load_model, load_tokenizer
+from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.learning.step import response_logprobs
 from echo2.records import Snapshot, Trajectory
 from echo2.rollout.engine import HFEngine
@@ -74,10 +74,10 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    mcfg = GGUFModel()
+    mcfg = GGUFModelConfig()
     tok = load_tokenizer(mcfg)
     model = load_model(mcfg, vocab_size=len(tok), seed=0)
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     prompts = [task.train_prompt(i) for i in range(args.prompts)]
     rcfg = RolloutConfig(
         prompts_per_step=args.prompts,

@@ -210,8 +210,10 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     from echo2.learning.device import check_start
     from echo2.learning.loop import run  # heavy: torch, transformers
     from echo2.learning.source import SourceSpec
+    from echo2.rollout.vllm_engine import check_available
 
     check_start(config.learner, resume=bool(args.resume))  # learner.device/dtype, torchrun
+    check_available(config.rollout)  # rollout.engine = vllm needs vllm installed
 
     fleet = _local_provider(config, args) if config.scheduler.provider == "local" else None
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.

@@ -8,11 +8,12 @@ import torch
 
 pytest.importorskip("vllm")
 
-from echo2.config import ArithmeticTask as ArithmeticConfig  # noqa: E402
-from echo2.config import GGUFModel, RolloutConfig  # noqa: E402
+from echo2.models import load_model, load_tokenizer  # noqa: E402
+
+from echo2.config import ArithmeticTaskConfig  # noqa: E402
+from echo2.config import GGUFModelConfig, RolloutConfig  # noqa: E402
 from echo2.data.tasks import make_task  # noqa: E402
 from echo2.data.tasks.base import to_tensors  # noqa: E402
-from echo2.learning.model import load_model, load_tokenizer  # noqa: E402
 from echo2.learning.step import response_logprobs  # noqa: E402
 from echo2.records import Snapshot  # noqa: E402
 from echo2.rollout.collect import collect  # noqa: E402
@@ -30,7 +31,7 @@ one run among several on a heavily shared one gave 1.2e-3, not reproduced since.
 def smol():
     """(vLLM engine, fp32 HF model, tokenizer) for SmolLM2-135M, one engine for the module, built
     as the training loop builds it: from the in-memory model, through `make_engine`."""
-    mcfg = GGUFModel()
+    mcfg = GGUFModelConfig()
     tok = load_tokenizer(mcfg)
     model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
     engine = make_engine(CFG, model=model, tokenizer=tok, version=0, seed=0)
@@ -40,7 +41,7 @@ def smol():
 
 @pytest.fixture(scope="module")
 def prompts():
-    task = make_task(ArithmeticConfig(), seed=0)
+    task = make_task(ArithmeticTaskConfig(), seed=0)
     return task, [task.train_prompt(i) for i in range(CFG.prompts_per_step)]
 
 

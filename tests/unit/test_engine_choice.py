@@ -4,16 +4,15 @@ tests/e2e/test_vllm_engine.py, which needs vllm installed)."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
+import importlib.util
 
 import pytest
+from support import TINY
 
 from echo2.cli import main
 from echo2.config import RolloutConfig
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine, make_engine
-
-TINY = str(Path(__file__).parents[2] / "configs" / "tiny.toml")
 
 
 def test_unknown_engine_exits_2_naming_the_key(capsys):
@@ -34,3 +33,19 @@ def test_vllm_engine_refuses_top_p_below_one(tiny):
     _, tok = tiny
     with pytest.raises(ValueError, match="rollout.top_p"):
         VLLMEngine("unused", tok, RolloutConfig(engine="vllm", top_p=0.9))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the refusal without vllm")
+def test_vllm_engine_without_vllm_installed_exits_2_before_writing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["run", TINY, "--rollout.engine=vllm", f"--run.dir={run_dir}"]) == 2
+    assert "rollout.engine: vllm is not installed" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_vllm_needs_top_p_one_and_no_lora(capsys):
+    assert main(["run", TINY, "--rollout.engine=vllm", "--rollout.top_p=0.9", "--dry-run"]) == 2
+    assert "rollout.top_p" in capsys.readouterr().err
+    assert main(["run", TINY, "--rollout.engine=vllm", "--learner.lora.rank=8", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("echo2: config error: rollout.engine:") and "LoRA" in err

@@ -100,7 +100,7 @@ def validation_message(e: ValidationError) -> str:
     loc = [str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom")]
     msg = err["msg"].removeprefix("Value error, ")
     key = ".".join(loc)
-    if msg.startswith(key + ".") or msg.startswith(key + ":"):  # validators that name their key
+    if not key or msg.startswith(key + ".") or msg.startswith(key + ":"):  # validators name their key
         return msg
     extra = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
     return f"{key or '<root>'}: {msg}{extra}"

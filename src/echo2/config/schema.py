@@ -121,6 +121,13 @@ class RolloutConfig(_Section):
     max_prompt_tokens: int = Field(256, ge=1)
     """Prompts longer than this are rejected by the task with an error naming the row."""
 
+    @model_validator(mode="after")
+    def _vllm_sampling(self) -> RolloutConfig:
+        if self.engine == "vllm" and self.top_p < 1:
+            # vLLM's processed log-probs are renormalised over the nucleus, the learner's are not.
+            raise ValueError(f"rollout.top_p: the vllm engine needs 1.0 (got {self.top_p})")
+        return self
+
 
 # ---------------------------------------------------------------------------- learner
 class LoraConfig(_Section):
@@ -314,6 +321,15 @@ class Config(_Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _engine_takes_the_snapshots(self) -> Config:
+        if self.rollout.engine == "vllm" and self.learner.lora is not None:
+            raise ValueError(
+                "rollout.engine: the vllm engine does not install LoRA adapter snapshots yet "
+                '(use rollout.engine = "hf" with learner.lora)'
+            )
+        return self
 
     def run_dir(self) -> Path:
         return Path(self.run.dir.format(name=self.run.name, seed=self.run.seed))

@@ -96,6 +96,7 @@ class RemoteRollout:
             mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
         )
         worker_view["run"] = {"seed": config.run.seed}
+        worker_view["learner"] = {"dtype": config.learner.dtype}  # the dtype snapshots arrive in
         self.idle = 0.0
         self.train = 0.0
         self.coordinator = Coordinator(

@@ -35,7 +35,7 @@ from echo2.metrics import MetricsWriter, read_metrics
 from echo2.models import load_model, load_tokenizer
 from echo2.records import Snapshot
 from echo2.rollout.collect import evaluate
-from echo2.rollout.engine import HFEngine
+from echo2.rollout.vllm_engine import make_engine
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,14 @@ def run(
     (run_dir / "config.toml").write_text(config_toml)
 
     # ---- the rollout source, the metrics file
-    engine = HFEngine(engine_copy(model), tokenizer, rcfg, version=state.version)
+    engine = make_engine(
+        rcfg,
+        model=engine_copy(model),
+        tokenizer=tokenizer,
+        version=state.version,
+        seed=config.run.seed,
+        dtype="bfloat16" if lcfg.dtype == "bf16" else "float32",  # the dtype snapshots arrive in
+    )
     if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
         engine.install(make_snapshot(model, state.version, lcfg))
     model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)

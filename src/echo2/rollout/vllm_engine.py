@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from echo2.config import RolloutConfig
+from echo2.config import ConfigError, RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.records import Snapshot
 from echo2.rollout.engine import Engine, Sample, encode_prompt
@@ -147,6 +147,17 @@ class VLLMEngine:
         return results
 
 
+def check_available(config: RolloutConfig) -> None:
+    """ConfigError naming rollout.engine when it asks for vLLM and vLLM is not installed here."""
+    import importlib.util
+
+    if config.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.engine: vllm is not installed in this environment "
+            "(CPU: bash scripts/setup.sh test,vllm; GPU: pip install vllm==0.32.0)"
+        )
+
+
 def make_engine(
     config: RolloutConfig, *, model, tokenizer, version: int, seed: int, dtype: str = "float32"
 ) -> Engine:
@@ -160,6 +171,7 @@ def make_engine(
 
         return HFEngine(model, tokenizer, config, version=version)
     elif config.engine == "vllm":
+        check_available(config)
         model_dir = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
         try:
             model.save_pretrained(model_dir, safe_serialization=True)

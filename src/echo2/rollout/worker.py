@@ -247,7 +247,7 @@ class Worker:
     def _build(self) -> None:
         from echo2.data.tasks import make_task
         from echo2.models import load_model, load_tokenizer
-        from echo2.rollout.engine import HFEngine
+        from echo2.rollout.vllm_engine import make_engine
 
         cfg = self.run_config
         self.task = make_task(cfg.task, seed=cfg.run.seed)
@@ -258,7 +258,10 @@ class Worker:
             self.engine = EmulatedEngine(tok, rate=self.config.emulate, seed=cfg.run.seed)
             return
         model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
-        self.engine = HFEngine(model, tok, cfg.rollout, version=-1)
+        dtype = "bfloat16" if cfg.learner.dtype == "bf16" else "float32"  # the dtype snapshots arrive in
+        self.engine = make_engine(
+            cfg.rollout, model=model, tokenizer=tok, version=-1, seed=cfg.run.seed, dtype=dtype
+        )
 
     async def step(self, stop: asyncio.Event) -> None:
         """One lease worked through, or a short pause when there is nothing to do."""
