@@ -20,12 +20,11 @@ import time
 
 import torch
 
-from echo2.config import ArithmeticTaskConfig
-from echo2.config import GGUFModelConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
-from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.learning.step import response_logprobs
+from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.records import Snapshot, Trajectory
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine
@@ -104,7 +103,9 @@ def main() -> None:
 
     for name in ("hf", "vllm"):
         rates = out[f"{name}_tokens_per_s"]
-        print(f"{name:5s} tokens/s: {', '.join(f'{r:.0f}' for r in rates)}  median {statistics.median(rates):.0f}")
+        print(
+            f"{name:5s} tokens/s: {', '.join(f'{r:.0f}' for r in rates)}  median {statistics.median(rates):.0f}"
+        )
     print(
         f"vllm: start {out['vllm_start_s']:.1f} s, install {out['vllm_install_s']:.2f} s, "
         f"max |log ratio| {out['vllm_max_abs_log_ratio']:.2e}"

@@ -8,13 +8,15 @@ import torch
 
 pytest.importorskip("vllm")
 
-from echo2.models import load_model, load_tokenizer  # noqa: E402
-
-from echo2.config import ArithmeticTaskConfig  # noqa: E402
-from echo2.config import GGUFModelConfig, RolloutConfig  # noqa: E402
+from echo2.config import (  # noqa: E402
+    ArithmeticTaskConfig,  # noqa: E402
+    GGUFModelConfig,
+    RolloutConfig,
+)
 from echo2.data.tasks import make_task  # noqa: E402
 from echo2.data.tasks.base import to_tensors  # noqa: E402
 from echo2.learning.step import response_logprobs  # noqa: E402
+from echo2.models import load_model, load_tokenizer  # noqa: E402
 from echo2.records import Snapshot  # noqa: E402
 from echo2.rollout.collect import collect  # noqa: E402
 from echo2.rollout.engine import encode_prompt  # noqa: E402
