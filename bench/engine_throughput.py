@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from common import write_json
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
@@ -70,6 +71,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", help="vLLM weights: float32 (as the learner) or bfloat16")
+    ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -111,6 +113,7 @@ def main() -> None:
         f"max |log ratio| {out['vllm_max_abs_log_ratio']:.2e}"
     )
     print(json.dumps(out))
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

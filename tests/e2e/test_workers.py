@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -47,8 +49,20 @@ def test_one_worker_with_s0_matches_the_in_process_loop(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     common = [*TOY, "--learner.steps=4", "--learner.lr=1e-3", "--run.eval_size=0", "--run.threads=1", "-q"]
-    assert main(["run", TINY, f"--run.dir={tmp_path / 'local'}", *common]) == 0
-    assert main(["run", TINY, f"--run.dir={tmp_path / 'remote'}", "--workers=1", *common]) == 0
+    # Both runs in fresh processes: an engine that pins torch's thread pool in this process (vLLM's
+    # CPU worker does) must not make the two runs compute with different thread counts.
+    for name, extra in (("local", []), ("remote", ["--workers=1"])):
+        cmd = [
+            sys.executable,
+            "-m",
+            "echo2.cli",
+            "run",
+            TINY,
+            f"--run.dir={tmp_path / name}",
+            *extra,
+            *common,
+        ]
+        assert subprocess.run(cmd, timeout=600).returncode == 0
     local = read_metrics(tmp_path / "local" / "metrics.jsonl")
     remote = read_metrics(tmp_path / "remote" / "metrics.jsonl")
     assert [r["reward/mean"] for r in remote] == [r["reward/mean"] for r in local]
@@ -195,8 +209,6 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
 def test_worker_reregisters_when_the_learner_restarts(tmp_path):
     """`echo2 learner` stops after 4 steps and is resumed on the same port: the running worker
     finds itself unknown, registers again and feeds the resumed run; SIGTERM then stops it cleanly."""
-    import subprocess
-    import sys
 
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run_dir = tmp_path / "run"
@@ -271,8 +283,6 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
 
 def test_sigterm_stops_the_run_and_its_workers(tmp_path):
     """`echo2 run --workers 2` killed with SIGTERM mid-run leaves no worker process behind."""
-    import subprocess
-    import sys
 
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
