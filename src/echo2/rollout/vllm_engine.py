@@ -57,6 +57,8 @@ class VLLMEngine:
         # In process: collective_rpc hands the snapshot's tensors over by reference, and sampling
         # uses this process's torch generator. Must be set before vllm is imported.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not logging.getLogger().isEnabledFor(logging.INFO):  # `-q`: vLLM's own INFO lines too
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         import torch
 
         # vLLM's CPU worker drops torch to one thread unless OMP_NUM_THREADS says otherwise.
