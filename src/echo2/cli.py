@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -297,6 +298,12 @@ def _worker(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
     if not 0 <= args.relay_port <= 65535:
         raise ConfigError("--relay-port: must be in 0..65535")
+    from echo2.control.protocol import HOST_PATTERN  # light: pydantic only
+
+    for flag in ("relay_host", "relay_advertise"):
+        value = getattr(args, flag, None)
+        if value is not None and not re.fullmatch(HOST_PATTERN, value):
+            raise ConfigError(f"--{flag.replace('_', '-')}: not a host name or address: {value!r}")
     _setup_logging(args.quiet)
     import asyncio
 

@@ -4,41 +4,74 @@ process it started is stopped when the run ends."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
 from support import TINY
 
 from echo2.cli import main
 
 
-def test_the_scheduler_starts_workers_from_the_pool(tmp_path, monkeypatch):
+def test_the_scheduler_starts_workers_from_the_pool(tmp_path):
+    """The run starts the cheapest offer, the scheduler activates the cheapest standby once it has
+    measured the learner, each activation starts one worker process, and SIGTERM stops them all.
+    The run is stopped when that has been seen (it is not sized to outlast anything)."""
     pool = tmp_path / "pool.toml"
     pool.write_text(
         '[[workers]]\nname = "cheap"\ncount = 2\nthroughput = 30.0\nprice = 0.2\n'
         '[[workers]]\nname = "dear"\ncount = 1\nthroughput = 30.0\nprice = 1.0\n'
     )
-    started = []
-    import echo2.rollout.local_fleet as lf
-
-    real_start = lf.LocalFleet._start
-
-    def spy(self, name):
-        started.append(name)
-        real_start(self, name)
-
-    monkeypatch.setattr(lf.LocalFleet, "_start", spy)
     run_dir = tmp_path / "run"
-    args = ["run", TINY, f"--run.dir={run_dir}", "--learner.steps=25", "--run.eval_size=0", "-q"]
-    args += ["--learner.staleness=1", "--coordinator.heartbeat_interval=0.3"]
+    args = ["run", TINY, f"--run.dir={run_dir}", "--learner.steps=100000", "--run.eval_size=0", "-q"]
+    args += ["--learner.staleness=1", "--coordinator.heartbeat_interval=0.3", "--coordinator.token=tok"]
     args += ["--coordinator.heartbeat_timeout=5", "--scheduler.enabled=true", "--scheduler.provider=local"]
     args += [f"--scheduler.pool={pool}", "--scheduler.emulate=true", "--scheduler.sustain_s=0.5"]
-    assert main(args) == 0
-    import json
-
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert started[0] == "cheap-0", "the run starts with the lowest price per unit throughput"
-    activated = [d["worker"] for d in summary["scheduler_decisions"] if d["action"] == "activate"]
-    assert activated and started[1:] == activated, "each activation started one worker process"
+    proc = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args])
+    try:
+        status = wait_for_activation(run_dir, proc, timeout=240)
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    activated = [d["worker"] for d in status["scheduler_decisions"] if d["action"] == "activate"]
+    names = sorted(w["name"] for w in status["workers"])
+    assert names[0] == "cheap-0", "the run starts with the lowest price per unit throughput"
     assert activated[0] == "cheap-1", "the cheapest standby first"
-    assert summary["steps"] == 25
+    assert names == sorted(["cheap-0", *activated]), "each activation started one worker process"
+    assert len(children) == len(names), "one process per started worker"
+    for pid in children:
+        assert subprocess.run(["kill", "-0", pid], capture_output=True).returncode != 0, (
+            "stopped with the run"
+        )
+
+
+def wait_for_activation(run_dir: Path, proc: subprocess.Popen, *, timeout: float) -> dict:
+    """/status once an activated worker has registered (polled; bounded in time)."""
+    deadline = time.monotonic() + timeout
+    url_file = run_dir / "coordinator.url"
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        if not url_file.exists():
+            continue
+        req = urllib.request.Request(
+            url_file.read_text().strip() + "/status", headers={"Authorization": "Bearer tok"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status = json.loads(resp.read())
+        activated = {d["worker"] for d in status["scheduler_decisions"] if d["action"] == "activate"}
+        if activated and activated <= {w["name"] for w in status["workers"]}:
+            return status
+    raise AssertionError(f"no activated worker registered within {timeout} s (exit code {proc.poll()})")
 
 
 def test_provider_mistakes_exit_2(tmp_path, capsys):

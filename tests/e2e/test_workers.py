@@ -321,3 +321,12 @@ def test_worker_refuses_an_emulated_rate_that_is_not_positive(rate, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--emulate: must be > 0" in err
+
+
+@pytest.mark.parametrize("flag", ["--relay-host", "--relay-advertise"])
+def test_worker_refuses_a_relay_host_that_is_not_a_host(flag, capsys):
+    """A relay host the coordinator would refuse exits 2 naming the flag, not with a traceback."""
+    argv = ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", "--inbound", flag, "bad host!"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag}: not a host name or address" in err

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 API = "/v1"
 
 
+HOST_PATTERN = r"^[A-Za-z0-9.:\[\]-]+$"
+"""A host name or an IPv4/IPv6 address, as a relay advertises it."""
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -25,7 +29,7 @@ class RegisterRequest(_Wire):
     """Whether the worker accepts inbound connections (it may then relay snapshots to a child)."""
     relay_port: int | None = Field(None, ge=1, le=65535)
     """Port of the worker's relay server; without it the worker is never anyone's parent."""
-    relay_host: str | None = Field(None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\[\]-]+$")
+    relay_host: str | None = Field(None, min_length=1, max_length=255, pattern=HOST_PATTERN)
     """Host peers reach the relay at; default: the address the registration came from."""
     throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
