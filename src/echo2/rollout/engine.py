@@ -55,6 +55,18 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
+def encode_prompts(tokenizer, prompts: list[Prompt], *, max_tokens: int) -> list[list[int]]:
+    """Token ids of each prompt (chat template); ValueError naming the prompt and
+    rollout.max_prompt_tokens for one that is too long. Every engine encodes this way."""
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    for p, ids in zip(prompts, encoded, strict=True):
+        if len(ids) > max_tokens:
+            raise ValueError(
+                f"prompt {p.group_id} has {len(ids)} tokens > rollout.max_prompt_tokens = {max_tokens}"
+            )
+    return encoded
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, config: RolloutConfig, *, version: int = 0) -> None:
         self.model = model.eval()
@@ -74,14 +86,7 @@ class HFEngine:
         self.version = snapshot.version
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
-        for p, ids in zip(prompts, encoded, strict=True):
-            if len(ids) > self.config.max_prompt_tokens:
-                raise ValueError(
-                    f"prompt {p.group_id} has {len(ids)} tokens > rollout.max_prompt_tokens "
-                    f"= {self.config.max_prompt_tokens}"
-                )
-        return encoded
+        return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
     @torch.inference_mode()
     def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:

@@ -6,7 +6,7 @@ threads, prefix caching and in-place weight installs. It knows nothing of reward
 training, and nothing of where snapshots come from: `install` takes the `Snapshot` the caller holds.
 
 Guarantees, matching `HFEngine`:
-- prompts are tokenized by the same `encode_prompt` (chat template), so prompt ids are identical;
+- prompts are tokenized by the same `encode_prompts` (chat template), so prompt ids are identical;
 - a response stops at the tokenizer's EOS (kept as its last token) or at `max_new_tokens`;
 - behaviour log-probs are log-softmax(logits / T) of the sampled tokens (vLLM's processed log-probs),
   what the learner recomputes; the n samples of a prompt share its prefix (prefix caching);
@@ -27,7 +27,7 @@ from pathlib import Path
 from echo2.config import ConfigError, RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.records import Snapshot
-from echo2.rollout.engine import Engine, Sample, encode_prompt
+from echo2.rollout.engine import Engine, Sample, encode_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +98,7 @@ class VLLMEngine:
         logger.debug("installed version %d in %.2f s", snapshot.version, time.perf_counter() - start)
 
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        encoded = [encode_prompt(self.tokenizer, p) for p in prompts]
-        for p, ids in zip(prompts, encoded, strict=True):
-            if len(ids) > self.config.max_prompt_tokens:
-                raise ValueError(
-                    f"prompt {p.group_id} has {len(ids)} tokens > rollout.max_prompt_tokens "
-                    f"= {self.config.max_prompt_tokens}"
-                )
-        return encoded
+        return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
     def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
         from vllm import SamplingParams, TokensPrompt
