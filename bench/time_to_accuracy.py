@@ -12,7 +12,7 @@ excluded on both sides, model loading too.
   subprocess; per-step times are the `time/step` of metrics.jsonl (rollout + train).
 - TRL: GRPOTrainer (its default generation, transformers `generate`: TRL's vLLM modes need a
   separate vLLM server or colocated vLLM on a GPU, not available on this CPU), the same loss
-  clip range (epsilon 0.2 / 0.28), no KL; a callback times each step and evaluates after it.
+  clip range (epsilon 0.2 / 0.28), no KL, a constant learning rate; a callback times each step and evaluates after it.
 
     python bench/time_to_accuracy.py --engines hf vllm --trl --json docs/bench/time_to_accuracy.json
 """
@@ -129,6 +129,7 @@ def run_trl(args) -> dict:
         temperature=0.8,
         top_p=1.0,
         learning_rate=1e-5,
+        lr_scheduler_type="constant",  # echo2's learning rate is constant (TRL's default decays it)
         beta=0.0,
         epsilon=0.2,
         epsilon_high=0.28,
