@@ -89,3 +89,29 @@ def test_install_in_place_changes_outputs_then_restores_them(smol, prompts):
     engine.install(Snapshot(version=2, state=original))
     assert engine.version == 2
     assert engine.generate(ps, n=1, greedy=True) == before
+
+
+def test_an_adapter_snapshot_is_merged_into_the_base_and_a_zero_adapter_restores_it(smol, prompts):
+    """LoRA under vLLM: an adapter snapshot (LAYER.lora_A, LAYER.lora_B) is merged into the base
+    weights the engine keeps and installed in place; a zero adapter gives the base outputs back."""
+    import copy
+
+    from echo2.records import LORA_A, LORA_B
+
+    engine, model, _ = smol
+    _, ps = prompts
+    engine.install(Snapshot(version=2, state={k: v.detach().clone() for k, v in model.state_dict().items()}))
+    base = engine.generate(ps, n=1, greedy=True)
+    engine.base_model, engine.lora_base = copy.deepcopy(model), {}  # what make_engine(adapters=True) keeps
+    gen = torch.Generator().manual_seed(1)
+    layers = [f"model.layers.{i}.{m}" for i in range(4) for m in ("self_attn.q_proj", "mlp.up_proj")]
+    adapter = {}
+    for name in layers:
+        out_dim, in_dim = model.get_submodule(name).weight.shape
+        adapter[name + LORA_A] = 0.1 * torch.randn(8, in_dim, generator=gen)
+        adapter[name + LORA_B] = 0.1 * torch.randn(out_dim, 8, generator=gen)
+    engine.install(Snapshot(version=3, state=adapter))
+    assert engine.version == 3 and engine.generate(ps, n=1, greedy=True) != base
+    zero = {k: (torch.zeros_like(v) if k.endswith(LORA_B) else v) for k, v in adapter.items()}
+    engine.install(Snapshot(version=4, state=zero))
+    assert engine.generate(ps, n=1, greedy=True) == base, "base + 0 is the base, recomputed not accumulated"

@@ -43,9 +43,6 @@ def test_vllm_engine_without_vllm_installed_exits_2_before_writing(tmp_path, cap
     assert not run_dir.exists()
 
 
-def test_vllm_needs_top_p_one_and_no_lora(capsys):
+def test_vllm_needs_top_p_one(capsys):
     assert main(["run", TINY, "--rollout.engine=vllm", "--rollout.top_p=0.9", "--dry-run"]) == 2
     assert "rollout.top_p" in capsys.readouterr().err
-    assert main(["run", TINY, "--rollout.engine=vllm", "--learner.lora.rank=8", "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("echo2: config error: rollout.engine:") and "LoRA" in err

@@ -322,14 +322,5 @@ class Config(_Section):
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
-    @model_validator(mode="after")
-    def _engine_takes_the_snapshots(self) -> Config:
-        if self.rollout.engine == "vllm" and self.learner.lora is not None:
-            raise ValueError(
-                "rollout.engine: the vllm engine does not install LoRA adapter snapshots yet "
-                '(use rollout.engine = "hf" with learner.lora)'
-            )
-        return self
-
     def run_dir(self) -> Path:
         return Path(self.run.dir.format(name=self.run.name, seed=self.run.seed))

@@ -96,7 +96,10 @@ class RemoteRollout:
             mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
         )
         worker_view["run"] = {"seed": config.run.seed}
-        worker_view["learner"] = {"dtype": config.learner.dtype}  # the dtype snapshots arrive in
+        # What workers need of the learner: the dtype snapshots arrive in, and whether they are adapters.
+        worker_view["learner"] = config.model_dump(mode="json", include={"learner": {"dtype", "lora"}})[
+            "learner"
+        ]
         self.idle = 0.0
         self.train = 0.0
         self.coordinator = Coordinator(

@@ -103,6 +103,7 @@ def run(
         version=state.version,
         seed=config.run.seed,
         dtype="bfloat16" if lcfg.dtype == "bf16" else "float32",  # the dtype snapshots arrive in
+        adapters=lcfg.lora is not None,
     )
     if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
         engine.install(make_snapshot(model, state.version, lcfg))

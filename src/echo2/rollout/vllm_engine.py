@@ -26,6 +26,7 @@ from pathlib import Path
 
 from echo2.config import ConfigError, RolloutConfig
 from echo2.data.tasks.base import Prompt
+from echo2.models import merge_adapter
 from echo2.records import Snapshot
 from echo2.rollout.engine import Engine, Sample, encode_prompts
 
@@ -49,7 +50,11 @@ class VLLMEngine:
         dtype: str = "float32",
         kv_cache_gib: float | None = None,
         threads: int | None = None,
+        base_model=None,
     ) -> None:
+        """`base_model`: the HF model (CPU) of the weights vLLM starts from, kept to merge LoRA
+        adapter snapshots into (weight = base + B @ A, recomputed from the base each time); the
+        merged weights are then installed like a full snapshot. None: adapter snapshots are refused."""
         if config.top_p < 1:
             # vLLM's processed log-probs are renormalised over the nucleus; the learner's are not,
             # so an unchanged policy would not give a ratio of 1 (and FlashInfer refuses them on GPUs).
@@ -70,6 +75,8 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.version = version
+        self.base_model = base_model
+        self.lora_base: dict = {}  # weights of the adapted layers as loaded (see models.merge_adapter)
         self.eos_id = tokenizer.eos_token_id
         if kv_cache_gib is None:
             kv_cache_gib = float(os.environ.get("ECHO2_VLLM_KV_CACHE_GIB", KV_CACHE_GIB))
@@ -92,7 +99,13 @@ class VLLMEngine:
 
     def install(self, snapshot: Snapshot) -> None:
         start = time.perf_counter()
-        self.llm.collective_rpc("echo2_install_weights", args=(snapshot.state,))
+        state = snapshot.state
+        if snapshot.is_adapter:
+            if self.base_model is None:
+                raise ValueError("an adapter snapshot, but this vLLM engine keeps no base weights")
+            merge_adapter(self.base_model, snapshot.state, self.lora_base)  # validates it first
+            state = self.base_model.state_dict()
+        self.llm.collective_rpc("echo2_install_weights", args=(state,))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = snapshot.version
         logger.debug("installed version %d in %.2f s", snapshot.version, time.perf_counter() - start)
@@ -154,13 +167,21 @@ def check_available(config: RolloutConfig) -> None:
 
 
 def make_engine(
-    config: RolloutConfig, *, model, tokenizer, version: int, seed: int, dtype: str = "float32"
+    config: RolloutConfig,
+    *,
+    model,
+    tokenizer,
+    version: int,
+    seed: int,
+    dtype: str = "float32",
+    adapters: bool = False,
 ) -> Engine:
     """The engine `config.engine` names, generating with `model`'s current weights.
 
     "hf" generates with `model` itself (pass a copy of a model you train, as with `HFEngine`);
     "vllm" writes it once as a safetensors directory for vLLM to load (vLLM loads only from a
-    directory), then drops the directory; `model` may then be freed."""
+    directory), then drops the directory; with `adapters` (learner.lora) it keeps `model` as the base
+    that LoRA adapter snapshots merge into, else `model` may be freed."""
     if config.engine == "hf":
         from echo2.rollout.engine import HFEngine
 
@@ -171,7 +192,10 @@ def make_engine(
         try:
             model.save_pretrained(model_dir, safe_serialization=True)
             tokenizer.save_pretrained(model_dir)
-            return VLLMEngine(model_dir, tokenizer, config, version=version, seed=seed, dtype=dtype)
+            base = model if adapters else None  # LoRA snapshots merge into it (HF engines merge in place)
+            return VLLMEngine(
+                model_dir, tokenizer, config, version=version, seed=seed, dtype=dtype, base_model=base
+            )
         finally:
             shutil.rmtree(model_dir, ignore_errors=True)
     raise AssertionError(config.engine)  # the config schema admits no other value

@@ -260,7 +260,13 @@ class Worker:
         model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
         dtype = "bfloat16" if cfg.learner.dtype == "bf16" else "float32"  # the dtype snapshots arrive in
         self.engine = make_engine(
-            cfg.rollout, model=model, tokenizer=tok, version=-1, seed=cfg.run.seed, dtype=dtype
+            cfg.rollout,
+            model=model,
+            tokenizer=tok,
+            version=-1,
+            seed=cfg.run.seed,
+            dtype=dtype,
+            adapters=cfg.learner.lora is not None,  # LoRA runs publish adapter snapshots
         )
 
     async def step(self, stop: asyncio.Event) -> None:
