@@ -12,3 +12,42 @@ def write_json(path: str | None, result: Any) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def trl_grpo_config(
+    *,
+    output_dir: str,
+    prompts: int,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    lr: float,
+    steps: int,
+    **overrides: Any,
+):
+    """TRL's GRPOConfig as the TRL comparisons run it: CPU, fp32, no KL, P prompts x n samples per
+    step, one generation batch per optimizer step, prompts in dataset order, no checkpoints."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        per_device_train_batch_size=prompts * n,
+        num_generations=n,
+        gradient_accumulation_steps=1,
+        max_completion_length=max_new_tokens,
+        temperature=temperature,
+        top_p=1.0,
+        learning_rate=lr,
+        beta=0.0,
+        max_steps=steps,
+        logging_steps=1,
+        shuffle_dataset=False,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **overrides,
+    )

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import write_json
+from common import trl_grpo_config, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def run_trl(args) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from echo2.config import ArithmeticTaskConfig, RolloutConfig
     from echo2.data.tasks import make_task
@@ -116,29 +116,17 @@ def run_trl(args) -> dict:
             if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
                 evals.append((state.global_step, clock["elapsed"], accuracy()))
 
-    cfg = GRPOConfig(
+    cfg = trl_grpo_config(
         output_dir=str(Path(args.tmp) / "trl"),
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        per_device_train_batch_size=32,
-        num_generations=8,
-        gradient_accumulation_steps=1,
-        max_completion_length=16,
+        prompts=4,
+        n=8,
+        max_new_tokens=16,
         temperature=0.8,
-        top_p=1.0,
-        learning_rate=1e-5,
+        lr=1e-5,
+        steps=args.steps,
         lr_scheduler_type="constant",  # echo2's learning rate is constant (TRL's default decays it)
-        beta=0.0,
         epsilon=0.2,
         epsilon_high=0.28,
-        max_steps=args.steps,
-        logging_steps=1,
-        shuffle_dataset=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     dataset = Dataset.from_list([{"prompt": list(p.messages)} for p in flat])
     trainer = GRPOTrainer(

