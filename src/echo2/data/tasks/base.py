@@ -4,7 +4,7 @@ A task owns what a problem looks like, how a response is scored and which respon
 loss. It knows nothing of models, engines, buffers or the network: the rollout plane calls
 `score` on the worker, the learner calls `to_tensors`. A task of your own needs no change to
 echo2 (`task.type = "custom"`, docs/tasks.md); a built-in one is a module in data/tasks/, a
-`*TaskConfig` section in config.py and a branch of `make_task`. The learner and the rollout code
+`*TaskConfig` section in config/schema.py and a branch of `make_task`. The learner and the rollout code
 do not change.
 """
 
