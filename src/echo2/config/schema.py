@@ -120,6 +120,10 @@ class RolloutConfig(_Section):
     """Responses are cut at this length (or at EOS)."""
     max_prompt_tokens: int = Field(256, ge=1)
     """Prompts longer than this are rejected by the task with an error naming the row."""
+    lag: int = Field(0, ge=0)
+    """Experiments, in-process loop only (no workers): generate every batch with the snapshot
+    exactly `lag` versions older than the learner (version 0 until `lag` steps exist); needs
+    learner.staleness >= lag. 0: the usual loop."""
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> RolloutConfig:
@@ -160,6 +164,14 @@ class LearnerConfig(_Section):
     """Lower clip of the importance ratio: 1 - eps_low."""
     clip_eps_high: float = Field(0.28, ge=0)
     """Upper clip of the importance ratio: 1 + eps_high."""
+    correction: Literal["clip", "dual_clip", "tis", "decoupled"] = "clip"
+    """Off-policy correction of the policy loss (formulas in docs/config.md): "clip" (PPO clipped
+    ratio), "dual_clip" (also bounds the loss of a negative advantage at dual_clip_delta),
+    "tis" (truncated importance sampling, cap is_cap), "decoupled" (AReaL decoupled PPO)."""
+    dual_clip_delta: float = Field(4.0, gt=1)
+    """dual_clip: the loss of a token with advantage A < 0 is at most -delta * A (paper: 4)."""
+    is_cap: float = Field(2.0, ge=1)
+    """tis and decoupled: cap C of the truncated importance weight (pi/mu, or pi_prox/mu)."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen reference; 0 loads no reference model."""
     scale_adv_by_std: bool = True
@@ -321,6 +333,15 @@ class Config(_Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _lag_admitted(self) -> Config:
+        if self.rollout.lag > self.learner.staleness:
+            raise ValueError(
+                f"rollout.lag: {self.rollout.lag} > learner.staleness = {self.learner.staleness} "
+                "(the buffer would reject every batch)"
+            )
+        return self
 
     def run_dir(self) -> Path:
         return Path(self.run.dir.format(name=self.run.name, seed=self.run.seed))

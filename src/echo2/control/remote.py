@@ -102,6 +102,7 @@ class RemoteRollout:
         ]
         self.idle = 0.0
         self.train = 0.0
+        self.offpolicy: dict[str, Any] = {}
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -150,6 +151,13 @@ class RemoteRollout:
         with self.state.lock:
             self.t_train.append(seconds)
             self.train += seconds
+
+    def record_metrics(self, row: dict[str, Any]) -> None:
+        with self.state.lock:  # GET /status shows the last step's off-policy diagnostics
+            self.offpolicy = {
+                "step": row["step"],
+                **{k: v for k, v in row.items() if k.startswith("offpolicy/")},
+            }
 
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
@@ -221,6 +229,7 @@ class RemoteRollout:
                 statistics.median(self.state.t_bcast_all.values()) if self.state.t_bcast_all else None
             ),
             "broadcast_mode": self.config.broadcast.mode,
+            "offpolicy": dict(self.offpolicy),
             "learner_idle_s": self.idle,
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),

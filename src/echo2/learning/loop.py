@@ -169,12 +169,13 @@ def run(
                 pad_id=tokenizer.pad_token_id,
                 temperature=rcfg.temperature,
                 ref_model=ref_model,
+                staleness=staleness,
             )
             t2 = time.perf_counter()
             state.step = step + 1
             state.version += 1
             source.advance(state.version)
-            if state.version % lcfg.publish_every == 0:
+            if state.version % lcfg.publish_every == 0 or rcfg.lag:  # lag: the source keeps k + 1
                 published = make_snapshot(model, state.version, lcfg)
                 source.publish(published)
             source.record_train_time(t2 - t1)
@@ -201,6 +202,7 @@ def run(
                 current = make_snapshot(model, state.version, lcfg)
                 row |= evaluate_now(engine, current, published, task, eval_prompts, config)
             metrics.write(row)
+            source.record_metrics(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
                 save()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from echo2.config import Config
+from echo2.config import Config, ConfigError
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
 from echo2.records import Snapshot, Trajectory
@@ -48,6 +48,10 @@ class RolloutSource(Protocol):
 
     def record_train_time(self, seconds: float) -> None:
         """The learner's step time, for T_train and the bubble ratio."""
+        ...
+
+    def record_metrics(self, row: dict[str, Any]) -> None:
+        """The step's metrics row (the coordinator's GET /status shows its `offpolicy/*` keys)."""
         ...
 
     def timings(self) -> dict[str, Any]:
@@ -93,6 +97,8 @@ def make_source(
         return LocalRollout(
             engine=engine, task=task, buffer=buffer, config=config.rollout, seed=config.run.seed
         )
+    if config.rollout.lag:
+        raise ConfigError("rollout.lag: only the in-process loop (no workers) generates with a fixed lag")
     from echo2.control.remote import RemoteRollout  # aiohttp, the coordinator
 
     on_start = [hook for hook in (spec.fleet and spec.fleet.start, spec.on_ready) if hook]

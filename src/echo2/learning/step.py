@@ -13,6 +13,7 @@ import torch
 from echo2.config import LearnerConfig
 from echo2.data.tasks.base import TrainBatch, to_tensors
 from echo2.learning import distributed
+from echo2.learning.corrections import ratio_diagnostics
 from echo2.learning.device import on_device, precision
 from echo2.learning.grpo import group_advantages, grpo_loss
 from echo2.models import token_logprobs
@@ -56,7 +57,15 @@ def train_step(
     pad_id: int,
     temperature: float,
     ref_model=None,
+    staleness: list[int] | None = None,
 ) -> dict[str, float]:
+    """One optimizer update on `groups`. `staleness` (per record, in order) splits the
+    `offpolicy/*` ratio diagnostics by staleness; default all 0.
+
+    Proximal log-probs (correction "decoupled") cost no extra forward pass: the step takes exactly
+    one optimizer update, so the learner's weights at the start of the step are those of this
+    forward pass and log pi_prox is its detached log pi_theta.
+    """
     rewards = torch.tensor([[r.reward for r in g] for g in groups])
     advantages = group_advantages(rewards, scale_by_std=config.scale_adv_by_std, eps=config.adv_eps)
     records = [r for g in groups for r in g]
@@ -66,6 +75,8 @@ def train_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+    record_staleness = staleness or [0] * len(records)
+    token_log_ratio, token_corrected, token_staleness = [], [], []
     for rows, live in distributed.share(micro_batches(records, config.micro_batch_tokens), records):
         batch = to_tensors([records[i] for i in rows], pad_id=pad_id, advantages=[adv_flat[i] for i in rows])
         batch = on_device(batch, model)
@@ -87,6 +98,9 @@ def train_step(
             num_tokens=num_tokens,
             ref_logp=ref_logp,
             beta=config.kl_beta,
+            correction=config.correction,
+            dual_clip_delta=config.dual_clip_delta,
+            is_cap=config.is_cap,
         )
         (loss if live else loss * 0).backward()  # a dead micro-batch only keeps ranks in step
         if not live:
@@ -97,11 +111,24 @@ def train_step(
         totals["kl"] += stats.kl
         totals["clip_fraction"] += stats.clip_fraction * share
         totals["ratio_mean"] += stats.ratio_mean * share
+        token_log_ratio.append(stats.token_log_ratio.cpu())
+        token_corrected.append(stats.token_corrected.cpu())
+        row_staleness = torch.tensor([record_staleness[i] for i in rows]).unsqueeze(1)
+        token_staleness.append(row_staleness.expand_as(batch.loss_mask)[batch.loss_mask.cpu() > 0])
     totals = distributed.sum_stats(totals)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
+    diagnostics = {}
+    if token_log_ratio:  # this rank's tokens (under torchrun: rank 0's share of the step)
+        diagnostics = ratio_diagnostics(
+            torch.cat(token_log_ratio),
+            torch.cat(token_corrected),
+            torch.cat(token_staleness),
+            max_staleness=max(record_staleness),
+        )
     return {
         **{f"train/{k}": v for k, v in totals.items()},
+        **diagnostics,
         "train/grad_norm": distributed.scalar(grad_norm),
         "train/tokens": float(sum(len(r.prompt_ids) + len(r.response_ids) for r in records)),
         "train/loss_tokens": float(num_tokens),
