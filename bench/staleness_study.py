@@ -174,14 +174,14 @@ def plot(results: list[dict], out: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/quickstart.toml")
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=14)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument(
         "--eval-size", type=int, default=100, help="held-out problems (68 distinct at difficulty 1)"
     )
-    p.add_argument("--eval-every", type=int, default=8)
+    p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", help="run only the rows matching k=v,k=v (e.g. lag=4,correction=tis,seed=0)")
     p.add_argument("--force", action="store_true", help="rerun rows already in the results")
