@@ -45,6 +45,12 @@ GRID: list[dict] = [
     {"lag": 4, "correction": "dual_clip", "seed": 0},
     {"lag": 4, "correction": "tis", "seed": 0},
     {"lag": 4, "correction": "decoupled", "seed": 0},
+    # second seeds where the machine allows, most important first
+    {"lag": 4, "correction": "clip", "seed": 1},
+    {"lag": 8, "correction": "dual_clip", "seed": 1},
+    {"lag": 8, "correction": "tis", "seed": 1},
+    {"lag": 2, "correction": "clip", "seed": 1},
+    {"lag": 1, "correction": "clip", "seed": 1},
 ]
 
 
