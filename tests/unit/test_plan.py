@@ -90,6 +90,8 @@ def test_cli_json_keys(tmp_path, capsys):
         (["--t-bcast", "-1"], None, "--t-bcast"),
         (["--staleness", "-1"], None, "--staleness"),
         (["--kappa", "0"], None, "--kappa"),
+        (["--kappa", "5"], None, "--kappa: 5 > max(1, S - 1) = 2"),  # S = 3: the learner refuses it too
+        (["--kappa", "3"], None, "--kappa"),
         (["--gamma", "0.9"], None, "--gamma"),
         ([], "workers = []\n", "pool.toml: workers"),
         ([], '[[workers]]\nname = "a"\ncount = 1\nthroughput = 1.0\n', "pool.toml: workers.0.price"),

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from echo2.config import publish_every
+from echo2.config import check_kappa, publish_every
 from echo2.control import capacity as cap
 from echo2.control.selection import WorkerOffer, exact, greedy
 
@@ -49,6 +49,11 @@ class PlanInput(_Strict):
     kappa: int | None = Field(None, ge=1)
     gamma: float = Field(1.1, ge=1, allow_inf_nan=False)
     learner_price: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _kappa_bound(self) -> PlanInput:
+        check_kappa(self.kappa, self.staleness, key="kappa")  # the learner's rule (config/schema.py)
+        return self
 
     @property
     def resolved_kappa(self) -> int:

@@ -40,7 +40,7 @@ class LearnerSpec(_Section):
     staleness: int = Field(ge=0)
     """S: the learner consumes only records with version >= v_learner - S."""
     kappa: int | None = Field(None, ge=1)
-    """Publish a snapshot every kappa steps; default max(1, S - 1); at most max(1, S)."""
+    """Publish a snapshot every kappa steps; default max(1, S - 1), also its largest value."""
     price: float = Field(0.0, ge=0, allow_inf_nan=False)
     """USD per hour of the learner's machines."""
     snapshot_gb: float = Field(gt=0, allow_inf_nan=False)
