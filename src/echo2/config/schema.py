@@ -241,6 +241,13 @@ class SchedulerConfig(_Section):
     """Local provider: workers started with the run (lowest price per unit throughput first)."""
     emulate: bool = False
     """Local provider: EMULATED workers (no model), each producing its pool entry's throughput."""
+    model: Literal["continuous", "paper"] = "continuous"
+    """Capacity model of the target (control/capacity.py): "continuous" for echo2's workers, which
+    keep generating while a snapshot is in flight; "paper" for the paper's cycle model, in which
+    they stop during a broadcast (more workers; for reproducing the paper)."""
+    t_train: float | None = Field(None, gt=0)
+    """Seconds per learner step used for the target until steps are timed; default: the learner
+    times one calibration step (forward and backward on a batch of the run's shape, no update)."""
 
     @model_validator(mode="after")
     def _provider(self) -> SchedulerConfig:
