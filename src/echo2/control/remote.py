@@ -57,6 +57,9 @@ class RemoteRollout:
         self.on_start = list(on_start)
         self.buffer = buffer
         self.t_train: list[float] = []
+        self.t_train_hint: float | None = config.scheduler.t_train
+        """T_train for the scheduler's target until a step is timed: `scheduler.t_train`, or the
+        learner's calibration step (learning/calibrate.py)."""
         ccfg, bc = config.coordinator, config.broadcast
         key_file = (
             Path(bc.key_file).expanduser()
@@ -196,15 +199,23 @@ class RemoteRollout:
         self.coordinator.stop()
 
     # ------------------------------------------------------------------ measurements
+    @property
+    def wants_t_train(self) -> bool:
+        """The scheduler needs a T_train before the first step: none configured or timed yet."""
+        return self.config.scheduler.enabled and self.t_train_hint is None and not self.t_train
+
     def target_throughput(self) -> float | None:
-        """gamma * mu_min from the learner's own T_train and T_bcast (None until a step is timed;
-        infinite when kappa * T_train <= T_bcast, i.e. no pool is enough). Called under the lock."""
-        if not self.t_train:
+        """gamma * mu_min (scheduler.model, continuous by default) from the learner's own T_train
+        (the configured or calibrated one until a step is timed) and T_bcast (None while T_train
+        is unknown; infinite where no pool is enough). Called under the lock."""
+        t_train = statistics.median(self.t_train) if self.t_train else self.t_train_hint
+        if t_train is None:
             return None
-        t_train = statistics.median(self.t_train)
         t_bcast = statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else 0.0
         return capacity.target_throughput(
             kappa=self.config.learner.publish_every,
+            staleness=self.config.learner.staleness,
+            model=self.config.scheduler.model,
             t_train=t_train,
             t_bcast=t_bcast,
             batch=self.config.rollout.prompts_per_step * self.config.rollout.group_size,

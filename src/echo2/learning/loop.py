@@ -121,6 +121,14 @@ def run(
     )
     if source_state is not None:
         source.load_state_dict(source_state)
+    if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
+        # the scheduler sizes the pool from T_train before the first step can be timed
+        from echo2.learning.calibrate import time_train_step
+
+        source.t_train_hint = time_train_step(
+            model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
+        )
+        logger.info("calibration step: T_train about %.2fs", source.t_train_hint)
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
