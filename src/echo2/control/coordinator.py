@@ -156,7 +156,9 @@ class Coordinator:
             if e.status < 400:
                 raise
             reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(e.status, "http_error")
-            return _error(e.status, reason, f"{request.method} {validate.printable(request.path)}: {e.reason}")
+            return _error(
+                e.status, reason, f"{request.method} {validate.printable(request.path)}: {e.reason}"
+            )
         except Exception:  # a bug, not the peer's fault: logged, answered in JSON, the server lives on
             logger.exception("%s %s failed", request.method, validate.printable(request.path))
             return _error(500, "internal", "the coordinator failed on this request (logged)")

@@ -246,7 +246,9 @@ class CoordinatorState:
                 return None
             held = sum(1 for lease in self.ingestion.leases.values() if lease.worker_id == worker_id)
             if held >= self.max_leases_per_worker:
-                raise LeaseLimit(f"worker already holds {held} open leases (at most {self.max_leases_per_worker})")
+                raise LeaseLimit(
+                    f"worker already holds {held} open leases (at most {self.max_leases_per_worker})"
+                )
             groups = min(max_groups, self.max_groups_per_lease)
             return self.ingestion.issue(self.ids(), worker_id, max_groups=groups, now=self.clock())
 

@@ -109,7 +109,8 @@ def record_problem(record: Trajectory, *, reward_range: tuple[float, float]) -> 
         return Problem(reason="non_finite_reward", detail=f"{where}: reward {record.reward}")
     if not low <= record.reward <= high:
         return Problem(
-            reason="reward_out_of_range", detail=f"{where}: reward {record.reward:g} outside [{low:g}, {high:g}]"
+            reason="reward_out_of_range",
+            detail=f"{where}: reward {record.reward:g} outside [{low:g}, {high:g}]",
         )
     for lp in record.behaviour_logprobs:
         if not (MIN_LOGPROB <= lp <= LOGPROB_TOLERANCE):  # NaN fails both comparisons
@@ -129,7 +130,8 @@ def batch_problem(records: Iterable[Trajectory], *, reward_range: tuple[float, f
     for record in records:
         if record.record_id in ids:
             return Problem(
-                reason="duplicate_id", detail=f"record id {printable(record.record_id, 64)} twice in one batch"
+                reason="duplicate_id",
+                detail=f"record id {printable(record.record_id, 64)} twice in one batch",
             )
         ids.add(record.record_id)
         problem = record_problem(record, reward_range=reward_range)
