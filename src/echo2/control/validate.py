@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from echo2.config import ConfigError
 from echo2.records import Trajectory
 
 DEFAULT_REWARD_RANGE = (-1e6, 1e6)
@@ -147,7 +148,7 @@ def reward_range(task: object) -> tuple[float, float]:
     try:
         low, high = (float(x) for x in declared)
     except (TypeError, ValueError):
-        raise ValueError(f"task reward_range must be two numbers, not {declared!r}") from None
+        raise ConfigError(f"task reward_range: must be two numbers, not {declared!r}") from None
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-        raise ValueError(f"task reward_range must be finite with low <= high, not {declared!r}")
+        raise ConfigError(f"task reward_range: must be finite with low <= high, not {declared!r}")
     return low, high
