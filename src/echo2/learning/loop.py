@@ -163,7 +163,9 @@ def run(
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
             t1 = time.perf_counter()
             distributed.lead(distributed.Order.TRAIN, groups)
-            check = StepCheck(max_logratio=lcfg.max_logratio, learner_version=state.version)
+            # emulated workers' log-probs are not a policy's: nothing to compare them with
+            bound = None if config.scheduler.emulate else lcfg.max_logratio
+            check = StepCheck(max_logratio=bound, learner_version=state.version)
             stats = train_step(
                 model,
                 optimizer,
