@@ -193,6 +193,9 @@ class LearnerConfig(_Section):
     """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more time."""
     lora: LoraConfig | None = None
     """Train only a LoRA adapter (peft); snapshots then carry only the adapter. None: full."""
+    max_logratio: float | None = Field(1.0, gt=0)
+    """Leave out of a step a record whose |mean log-ratio| (learner vs behaviour log-probs over its
+    loss tokens) exceeds this, times 1 + its staleness; its worker gets a strike. None: no check."""
 
     @model_validator(mode="after")
     def _kappa_bound(self) -> LearnerConfig:
@@ -222,6 +225,13 @@ class CoordinatorConfig(_Section):
     """A worker silent this long is marked lost and its leases are reissued."""
     wait_timeout: float = Field(1800.0, gt=0)
     """The learner gives up if no admissible batch arrives for this long (no live workers)."""
+    max_leases_per_worker: int = Field(2, ge=1)
+    """Open leases one worker may hold (a worker works one at a time)."""
+    quarantine_after: int = Field(3, ge=1)
+    """Refusals an honest worker never earns (forged rewards, bad log-probs, wrong prompts) after
+    which a worker is quarantined: no more leases, pushes refused."""
+    purge_after: float = Field(600.0, gt=0)
+    """Seconds after which a lost worker's registration is forgotten."""
 
     @model_validator(mode="after")
     def _timeouts(self) -> CoordinatorConfig:

@@ -48,11 +48,17 @@ class RemoteRollout:
         task: Task,
         buffer: ReplayBuffer,
         vocab_size: int,
+        tokenizer=None,
         provider=None,
         run_dir: Path | None = None,
         on_start: Iterable[Callable[[RemoteRollout], None]] = (),
     ) -> None:
-        """`on_start` hooks run once the first snapshot is published (start workers, print the URL)."""
+        """`on_start` hooks run once the first snapshot is published (start workers, print the URL).
+        With `tokenizer`, every pushed record is checked against its leased prompt and re-scored
+        with the task (learning/verify.py)."""
+        from echo2.control.validate import reward_range
+        from echo2.learning.verify import TaskReferee
+
         self.config = config
         self.on_start = list(on_start)
         self.buffer = buffer
@@ -74,7 +80,13 @@ class RemoteRollout:
                 max_prompt_tokens=config.rollout.max_prompt_tokens,
                 max_new_tokens=config.rollout.max_new_tokens,
                 group_size=config.rollout.group_size,
+                reward_range=reward_range(task),
             ),
+            referee=TaskReferee(task, tokenizer) if tokenizer is not None else None,
+            max_leases_per_worker=ccfg.max_leases_per_worker,
+            max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
+            quarantine_after=ccfg.quarantine_after,
+            purge_after=ccfg.purge_after,
             group_id_of=lambda i: task.train_prompt(i).group_id,
             lease_timeout=ccfg.lease_timeout,
             heartbeat_timeout=ccfg.heartbeat_timeout,
@@ -164,6 +176,9 @@ class RemoteRollout:
 
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
+
+    def flag(self, records, reason: str) -> list[str]:
+        return self.state.flag(records, reason)
 
     def start(self, snapshot: Snapshot) -> None:
         """Workers start from the learner's current weights; then the hooks (start local workers)."""

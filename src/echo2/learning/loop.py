@@ -31,6 +31,7 @@ from echo2.learning.device import place, snapshot_state
 from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
 from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import make_optimizer, train_step
+from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.models import load_model, load_tokenizer
 from echo2.records import Snapshot
@@ -118,6 +119,7 @@ def run(
         engine=engine,
         vocab_size=len(tokenizer),
         run_dir=run_dir,
+        tokenizer=tokenizer,
     )
     if source_state is not None:
         source.load_state_dict(source_state)
@@ -169,6 +171,9 @@ def run(
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
             t1 = time.perf_counter()
             distributed.lead(distributed.Order.TRAIN, groups)
+            # emulated workers' log-probs are not a policy's: nothing to compare them with
+            bound = None if config.scheduler.emulate else lcfg.max_logratio
+            check = StepCheck(max_logratio=bound, learner_version=state.version)
             stats = train_step(
                 model,
                 optimizer,
@@ -178,7 +183,19 @@ def run(
                 temperature=rcfg.temperature,
                 ref_model=ref_model,
                 staleness=staleness,
+                check=check,
             )
+            if check.refused:
+                makers = source.flag(check.refused, "logprob_mismatch")
+                logger.warning(
+                    "%d records left out of step %d: log-probs disagree (workers %s)",
+                    len(check.refused),
+                    step,
+                    makers,
+                )
+            if check.skipped:
+                makers = source.flag([r for g in groups for r in g], "non_finite_step")
+                logger.warning("step %d not applied: loss or gradient not finite (workers %s)", step, makers)
             t2 = time.perf_counter()
             state.step = step + 1
             state.version += 1

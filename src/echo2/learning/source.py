@@ -54,6 +54,11 @@ class RolloutSource(Protocol):
         """The step's metrics row (the coordinator's GET /status shows its `offpolicy/*` keys)."""
         ...
 
+    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
+        """The learner refused these records after taking them (learning/verify.py): count them,
+        strike the workers that made them; returns those workers."""
+        ...
+
     def timings(self) -> dict[str, Any]:
         """Measurements for the run summary (T_train, T_bcast, idle time, ...)."""
         ...
@@ -90,6 +95,7 @@ def make_source(
     engine: Engine,
     vocab_size: int,
     run_dir: Path,
+    tokenizer=None,
 ) -> RolloutSource:
     """The rollout source `spec` names, filling `buffer`. `engine` generates for the in-process
     source; a remote source serves a coordinator (listening when this returns)."""
@@ -107,6 +113,7 @@ def make_source(
         task=task,
         buffer=buffer,
         vocab_size=vocab_size,
+        tokenizer=tokenizer,
         provider=spec.fleet if config.scheduler.provider == "local" else None,
         run_dir=run_dir,
         on_start=on_start,

@@ -2,10 +2,14 @@
 
 Owns micro-batching by token budget, the forward pass (logits only for response positions), the
 backward pass, gradient clipping and the AdamW step. Knows nothing of where the records came from.
+With a `StepCheck` (learning/verify.py) it leaves out records whose behaviour log-probs disagree
+with its own, and never applies a step whose loss or gradient is not finite.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -16,8 +20,11 @@ from echo2.learning import distributed
 from echo2.learning.corrections import ratio_diagnostics
 from echo2.learning.device import on_device, precision
 from echo2.learning.grpo import group_advantages, grpo_loss
+from echo2.learning.verify import StepCheck, finite, logratio_outliers
 from echo2.models import token_logprobs
 from echo2.records import Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def micro_batches(records: list[Trajectory], budget: int) -> Iterator[list[int]]:
@@ -58,6 +65,7 @@ def train_step(
     temperature: float,
     ref_model=None,
     staleness: list[int] | None = None,
+    check: StepCheck | None = None,
 ) -> dict[str, float]:
     """One optimizer update on `groups`. `staleness` (per record, in order) splits the
     `offpolicy/*` ratio diagnostics by staleness; default all 0.
@@ -71,6 +79,7 @@ def train_step(
     records = [r for g in groups for r in g]
     adv_flat = advantages.flatten().tolist()
     num_tokens = max(1, sum(sum(r.loss_mask) for r in records))
+    newest = max(r.version for r in records)
 
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -84,6 +93,8 @@ def train_step(
             continue
         with precision(model, config):
             logp = response_logprobs(model, batch, temperature=temperature)
+            if check is not None and check.max_logratio is not None:
+                batch = _leave_out_outliers(batch, logp, [records[i] for i in rows], check, newest)
             ref_logp = None
             if ref_model is not None:
                 with torch.no_grad():
@@ -117,7 +128,16 @@ def train_step(
         token_staleness.append(row_staleness.expand_as(batch.loss_mask)[batch.loss_mask.cpu() > 0])
     totals = distributed.sum_stats(totals)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
+    applied = finite(totals["loss"], distributed.scalar(grad_norm))
+    if applied:
+        optimizer.step()
+    else:  # a NaN or inf would reach every weight and every worker: drop the step whole
+        optimizer.zero_grad(set_to_none=True)
+        if check is not None:
+            check.skipped = True
+        logger.warning(
+            "step skipped: loss %s, gradient norm %s", totals["loss"], distributed.scalar(grad_norm)
+        )
     diagnostics = {}
     if token_log_ratio:  # this rank's tokens (under torchrun: rank 0's share of the step)
         diagnostics = ratio_diagnostics(
@@ -133,7 +153,26 @@ def train_step(
         "train/tokens": float(sum(len(r.prompt_ids) + len(r.response_ids) for r in records)),
         "train/loss_tokens": float(num_tokens),
         "train/adv_abs_mean": float(advantages.abs().mean()),
+        "train/skipped_step": 0.0 if applied else 1.0,
+        "train/refused_records": float(len(check.refused)) if check is not None else 0.0,
     }
+
+
+def _leave_out_outliers(batch, logp: torch.Tensor, rows: list[Trajectory], check: StepCheck, newest: int):
+    """`batch` without the rows whose log-probs disagree with `logp`: their mask is zeroed and their
+    behaviour log-probs replaced by the learner's (a ratio of 1), so not even an overflowing ratio
+    multiplied by zero reaches the loss."""
+    bad = logratio_outliers(logp, batch.behaviour_logprobs, batch.loss_mask, check.bounds(rows, newest))
+    if not bool(bad.any()):
+        return batch
+    check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)
+    keep = (~bad).to(batch.loss_mask.dtype).unsqueeze(1)
+    own = logp.detach().to(batch.behaviour_logprobs.dtype)
+    return dataclasses.replace(
+        batch,
+        loss_mask=batch.loss_mask * keep,
+        behaviour_logprobs=torch.where(bad.unsqueeze(1), own, batch.behaviour_logprobs),
+    )
 
 
 def make_optimizer(model, config: LearnerConfig) -> torch.optim.Optimizer:

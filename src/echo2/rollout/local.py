@@ -18,7 +18,7 @@ import torch
 from echo2.config import RolloutConfig
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
-from echo2.records import Snapshot
+from echo2.records import Snapshot, Trajectory
 from echo2.rollout.collect import collect, rollout_seed
 from echo2.rollout.engine import Engine
 
@@ -80,6 +80,9 @@ class LocalRollout:
 
     def timings(self) -> dict[str, Any]:
         return {}
+
+    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
+        return []  # the learner's own engine made them: there is no worker to strike
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_prompt": self.next_prompt, "buffer": self.buffer.state_dict()}
