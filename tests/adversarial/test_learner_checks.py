@@ -48,11 +48,12 @@ def test_a_worker_whose_records_keep_failing_is_quarantined(door: Door, mallory:
 
 
 def test_a_non_finite_step_is_not_applied(door: Door):
-    """Records that slipped past every check (here: no check at all) with an overflowing ratio:
-    the loss is not finite, the step is skipped and every weight stays as it was."""
+    """Records that slipped past every check (here: no check at all) with a NaN reward (an
+    overflowing or NaN log-ratio is already made finite by learning/corrections.py): the advantages
+    and so the loss are not finite, the step is skipped and every weight stays as it was."""
     groups = door.generate([0, 1])
     poisoned = [
-        [dataclasses.replace(r, behaviour_logprobs=(-1e30,) * len(r.response_ids)) for r in g] for g in groups
+        [dataclasses.replace(r, reward=float("nan")) for r in g] for g in groups
     ]
     weights = copy.deepcopy(door.model.state_dict())
     stats = train_step(door.model, door.optimizer, poisoned, door.config, pad_id=0, temperature=1.0)
