@@ -219,7 +219,7 @@ class BroadcastClient:
         # Only the learner gets our credential; a relay is told who we are (for its own account of
         # the transfer) and nothing else.
         params = {"from": start, "child": self.worker_id} if relay else {"from": start}
-        headers = {} if relay else self.coordinator.auth_headers()
+        headers = {} if relay else self.coordinator.auth_headers(worker_id=self.worker_id)
         try:
             async with self.coordinator.session.get(
                 f"{base}{API}/chunks/{version}",

@@ -199,6 +199,9 @@ class CoordinatorClient:
         self.token = token
         self.credential: str | None = None
         """This worker's own credential, from the registration reply (None until registered)."""
+        self.credentials: dict[str, str] = {}
+        """Credential of each worker id this client registered as (a call still in flight as an
+        earlier id, after registering again, goes with that id's credential)."""
         self.retry = retry or RetryPolicy()
         self.call_timeout = call_timeout
         self.stop = stop
@@ -222,17 +225,20 @@ class CoordinatorClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def auth_headers(self, *, run_token: bool = False) -> dict[str, str]:
-        """What a call to the coordinator carries: the worker's credential once registered (the
-        run token for registration, or before). Never sent anywhere else."""
-        secret = self.token if run_token or self.credential is None else self.credential
-        return {"Authorization": f"Bearer {secret}"}
+    def auth_headers(self, *, run_token: bool = False, worker_id: str | None = None) -> dict[str, str]:
+        """What a call to the coordinator carries: the credential of the worker it is made as (the
+        newest one when no id is named; the run token for registration, or before). Never sent
+        anywhere else."""
+        secret = self.credentials.get(worker_id or "") or self.credential
+        return {"Authorization": f"Bearer {self.token if run_token or secret is None else secret}"}
 
     # ------------------------------------------------------------------ the one request path
     async def _once(self, method: str, path: str, body: BaseModel | None, timeout: float, params) -> Any:
         json = body.model_dump() if body is not None else None
         t = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
-        headers = self.auth_headers(run_token=path == f"{API}/register")
+        headers = self.auth_headers(
+            run_token=path == f"{API}/register", worker_id=getattr(body, "worker_id", None)
+        )
         async with self.session.request(
             method,
             self.url + path,
@@ -306,7 +312,9 @@ class CoordinatorClient:
     async def register(self, req: RegisterRequest) -> RegisterResponse:
         """Register (with the run token); the reply's credential is used for every later call."""
         reply = RegisterResponse.model_validate(await self.call("POST", f"{API}/register", req))
-        self.credential = reply.credential
+        self.credential = self.credentials[reply.worker_id] = reply.credential
+        while len(self.credentials) > 8:  # ids older than that have long been refused as unknown
+            del self.credentials[next(iter(self.credentials))]
         return reply
 
     async def heartbeat(self, req: HeartbeatRequest) -> int:

@@ -41,6 +41,7 @@ from echo2.control import identity
 from echo2.control.client import (
     CoordinatorClient,
     CoordinatorError,
+    Forbidden,
     Invalid,
     LeaseExpired,
     Released,
@@ -176,7 +177,7 @@ class Worker:
         seen = self.worker_id
         try:
             await call()
-        except UnknownWorker as e:
+        except (UnknownWorker, Forbidden) as e:  # Forbidden: our credential is not (or no longer) valid
             await self.rejoin(seen, e)
         except Released as e:
             logger.info("released by the coordinator (%s); stopping", e.detail)
