@@ -48,7 +48,7 @@ class Journal:
         self._write({"start": epoch, "t": time.time()})
 
     def accepted(self, records: list[Trajectory], prompts: dict[str, int]) -> None:
-        self._write({"accepted": [r.to_dict() for r in records], "prompts": prompts, "t": time.time()})
+        self._write({"accepted": [_fields(r) for r in records], "prompts": prompts, "t": time.time()})
 
     def taken(self, version: int, record_ids: list[str]) -> None:
         self._write({"taken": record_ids, "version": version, "t": time.time()})
@@ -75,6 +75,21 @@ class Journal:
         with self._lock:
             self._file.write(data)
             self._file.flush()
+
+
+def _fields(r: Trajectory) -> dict:
+    """`r.to_dict()` without its deep copy (json writes tuples as lists; `from_dict` reads them)."""
+    return {
+        "record_id": r.record_id,
+        "group_id": r.group_id,
+        "prompt_ids": r.prompt_ids,
+        "response_ids": r.response_ids,
+        "behaviour_logprobs": r.behaviour_logprobs,
+        "loss_mask": r.loss_mask,
+        "reward": r.reward,
+        "version": r.version,
+        "metadata": r.metadata,
+    }
 
 
 def accepted_since(path: Path, offset: int) -> Iterator[tuple[list[Trajectory], dict[str, int]]]:
