@@ -239,7 +239,10 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     elif args.command == "learner":
         spec = SourceSpec(
             remote=True,
-            on_ready=lambda source: print(f"coordinator: {source.url}  token: {source.token}", flush=True),
+            on_ready=lambda source: print(
+                f"coordinator: {source.url}  token: {source.token}  learner key: {source.fingerprint}",
+                flush=True,
+            ),
         )
     else:
         spec = SourceSpec()

@@ -163,3 +163,49 @@ def test_a_transfer_counts_once_when_both_sides_agree(coord):
         assert call(server, "/v1/broadcast/sent", sent, secrets[head])[0] == 200
     stats = state.bcast.stats[head]
     assert stats.successes == 1 and list(stats.rates) == [4096 / 2.0]
+
+
+def test_honest_relays_are_credited_through_both_accounts():
+    """Real peers on loopback: a relay's own account (`/v1/broadcast/sent`, sent by its relay
+    server after each stream) and its child's install report meet, and the relay's score rises;
+    the learner's streams are accounted by the coordinator itself (Bw_hat moves off its default)."""
+    import asyncio
+    import random
+
+    from echo2.broadcast.peer import BroadcastPeer
+
+    state = make_state(
+        broadcast=BroadcastPolicy(mode="chain", chunk_size=64 * 1024, uplink_budget_bps=1e6, worker_bps=1e6)
+    )
+    server = Coordinator(
+        state, token=TOKEN, run_info={"broadcast": {"progress_timeout_s": 2.0}}, heartbeat_interval=0.2
+    )
+    server.start()
+
+    async def scenario():
+        stop = asyncio.Event()
+        peers = [BroadcastPeer(server.url, TOKEN, f"p{i}", relay_host="127.0.0.1") for i in range(3)]
+        tasks = [asyncio.create_task(p.run(stop)) for p in peers]
+        try:
+            while not all(p.client is not None for p in peers):
+                await asyncio.sleep(0.02)
+            state.publish(0, random.Random(0).randbytes(256 * 1024), keep=2)
+            (chain,) = state.bcast.plans[0].chains
+            assert len(chain) == 3
+            deadline = asyncio.get_running_loop().time() + 30
+            while state.bcast.ledger.outcomes["credited"] < 3:  # learner -> head -> middle -> tail
+                assert asyncio.get_running_loop().time() < deadline, dict(state.bcast.ledger.outcomes)
+                await asyncio.sleep(0.05)
+            head, middle, _ = chain
+            for relay in (head, middle):
+                assert state.bcast.stats[relay].successes == 1
+            assert state.bcast.bw_hat() != 1e6
+            assert state.bcast.ledger.outcomes["disputed"] == 0
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        server.stop()

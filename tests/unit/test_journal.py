@@ -54,7 +54,9 @@ def resume(ckpt: dict, path) -> tuple[object, list[Trajectory]]:
 
 def push(state, wid: str, n: int, version: int = 0) -> list[str]:
     lease = state.lease(wid, version=version, max_groups=n)
-    records = [rec(state.ingestion.group_id_of(i), f"r{i}-{k}", version) for i in lease.indices for k in range(2)]
+    records = [
+        rec(state.ingestion.group_id_of(i), f"r{i}-{k}", version) for i in lease.indices for k in range(2)
+    ]
     assert state.ingest(wid, lease.lease_id, records)["accepted"] == len(records)
     return [r.record_id for r in records]
 

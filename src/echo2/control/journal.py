@@ -44,6 +44,7 @@ class Journal:
         self.path = path
         _cut_torn_tail(path)
         self._file = path.open("ab")
+        self._end = 0
         self._lock = threading.Lock()
         self._write({"start": epoch, "t": time.time()})
 
@@ -57,17 +58,21 @@ class Journal:
         self._write({"published": version, "epoch": epoch, "t": time.time()})
 
     def offset(self) -> int:
-        """Bytes written so far (every line before it is flushed)."""
+        """Bytes written so far (every line before it is flushed); final once closed."""
         with self._lock:
-            return self._file.tell()
+            return self._end if self._file.closed else self._file.tell()
 
     def sync(self) -> None:
         with self._lock:
-            os.fsync(self._file.fileno())
+            if not self._file.closed:
+                os.fsync(self._file.fileno())
 
     def close(self) -> None:
+        """Idempotent; the learner's last checkpoint may still ask for the offset."""
         with self._lock:
             if not self._file.closed:
+                self._end = self._file.tell()
+                os.fsync(self._file.fileno())
                 self._file.close()
 
     def _write(self, line: dict) -> None:

@@ -120,7 +120,9 @@ class RemoteRollout:
             ssl_context=_tls(ccfg.tls_cert, ccfg.tls_key),
             any_relay_host=ccfg.any_relay_host,
         )
-        logger.info("learner key fingerprint: %s", identity.fingerprint(self.state.public_key))
+        self.fingerprint = identity.fingerprint(self.state.public_key)
+        """What workers pin the learner's key by (`echo2 worker --learner-key`)."""
+        logger.info("learner key fingerprint: %s", self.fingerprint)
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
         self.url = self.coordinator.start(ccfg.host, ccfg.port)
