@@ -95,9 +95,7 @@ def test_register_requires_the_token(coord):
 def test_lease_push_and_idempotent_retry(coord):
     server, state, _ = coord
     wid = register(server)
-    assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": -1, "max_groups": 1})[0] == 204
-    status, got = call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": 1})
-    assert (status, got["error"]) == (422, "future_version"), "a version not published: no lease"
+    assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": 1})[0] == 204
     state.publish(0, b"weights-v0", keep=2)
     # a worker that has installed nothing gets no lease, even when S would admit version -1
     assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": -1, "max_groups": 1})[0] == 204
