@@ -34,6 +34,7 @@ def state() -> CoordinatorState:
         group_id_of=lambda i: f"g{i}",
         lease_timeout=1e9,
         heartbeat_timeout=1e9,
+        max_leases_per_worker=10**6,  # one worker holds every lease of the measurement
     )
 
 
