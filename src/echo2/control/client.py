@@ -80,7 +80,7 @@ class Unauthorized(CoordinatorError):
 
 
 class Forbidden(CoordinatorError):
-    """403: the credential does not cover this call (the run token for a worker's call, or another
+    """403 forbidden: the credential does not cover this call (the run token for a worker's call, or another
     worker's credential)."""
 
 
@@ -120,6 +120,7 @@ class Unreachable(ConnectionError):
 
 
 _BY_REASON: dict[tuple[int, str], type[CoordinatorError]] = {
+    (403, "forbidden"): Forbidden,
     (404, "unknown_worker"): UnknownWorker,
     (404, "no_snapshot"): NotKept,
     (409, "lease_expired"): LeaseExpired,
@@ -127,7 +128,6 @@ _BY_REASON: dict[tuple[int, str], type[CoordinatorError]] = {
 }
 _BY_STATUS: dict[int, type[CoordinatorError]] = {
     401: Unauthorized,
-    403: Forbidden,
     410: Released,
     400: Invalid,
     413: Invalid,
