@@ -22,7 +22,7 @@ import pytest
 from support import TINY
 
 HERE = Path(__file__).parent
-HEARTBEAT_TIMEOUT = 4.0
+HEARTBEAT_TIMEOUT = 5.0
 
 
 def free_port() -> int:
