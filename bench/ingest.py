@@ -35,11 +35,12 @@ def clients(url: str, num: int, seconds: float, out: mp.Queue) -> None:
 
     async def one(session: aiohttp.ClientSession, stop_at: float) -> int:
         async with session.post(f"{url}/v1/register", json={"name": "bench"}) as r:
-            wid = (await r.json())["worker_id"]
+            reply = await r.json()
+        wid, mine = reply["worker_id"], {"Authorization": f"Bearer {reply['credential']}"}
         pushed = 0
         while time.monotonic() < stop_at:
             async with session.post(
-                f"{url}/v1/lease", json={"worker_id": wid, "version": 0, "max_groups": 1}
+                f"{url}/v1/lease", json={"worker_id": wid, "version": 0, "max_groups": 1}, headers=mine
             ) as r:
                 if r.status != 200:
                     await asyncio.sleep(0.01)
@@ -60,7 +61,7 @@ def clients(url: str, num: int, seconds: float, out: mp.Queue) -> None:
                 for _ in range(GROUP)
             ]
             body = {"worker_id": wid, "lease_id": lease["lease_id"], "records": records}
-            async with session.post(f"{url}/v1/trajectories", json=body) as r:
+            async with session.post(f"{url}/v1/trajectories", json=body, headers=mine) as r:
                 if r.status == 200 and time.monotonic() <= stop_at:  # count only inside the window
                     pushed += (await r.json())["accepted"]
         return pushed

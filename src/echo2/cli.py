@@ -109,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RATE",
         help="EMULATION for capacity experiments: no model, random responses at RATE trajectories/s",
     )
+    w.add_argument(
+        "--learner-key",
+        default=None,
+        metavar="FINGERPRINT",
+        help="the learner key's fingerprint, as `echo2 run` logs it (default: trust the first key "
+        "seen, and stop if it ever changes)",
+    )
+    w.add_argument("--ca-file", default=None, metavar="PEM", help="CA to verify an https coordinator with")
     w.add_argument("-q", "--quiet", action="store_true", help="warnings only")
     pl = sub.add_parser(
         "plan",
@@ -239,7 +247,10 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     elif args.command == "learner":
         spec = SourceSpec(
             remote=True,
-            on_ready=lambda source: print(f"coordinator: {source.url}  token: {source.token}", flush=True),
+            on_ready=lambda source: print(
+                f"coordinator: {source.url}  token: {source.token}  learner key: {source.fingerprint}",
+                flush=True,
+            ),
         )
     else:
         spec = SourceSpec()
@@ -312,6 +323,10 @@ def _worker(args: argparse.Namespace) -> int:
         value = getattr(args, flag, None)
         if value is not None and not re.fullmatch(HOST_PATTERN, value):
             raise ConfigError(f"--{flag.replace('_', '-')}: not a host name or address: {value!r}")
+    if args.ca_file is not None and not Path(args.ca_file).is_file():
+        raise ConfigError(f"--ca-file: no such file {args.ca_file}")
+    if args.learner_key is not None and not re.fullmatch(r"[0-9a-fA-F]{16,64}", args.learner_key):
+        raise ConfigError("--learner-key: not a key fingerprint (16 to 64 hex digits)")
     _setup_logging(args.quiet)
     import asyncio
 
@@ -319,7 +334,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
     from echo2.control.client import Unauthorized
-    from echo2.rollout.worker import RelayStartError, Worker, WorkerConfig
+    from echo2.rollout.worker import KeyChanged, RelayStartError, Worker, WorkerConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -339,6 +354,8 @@ def _worker(args: argparse.Namespace) -> int:
             upload_mbps=args.upload_mbps,
             download_mbps=args.download_mbps,
             fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
+            learner_key=args.learner_key,
+            ca_file=args.ca_file,
         )
     )
 
@@ -355,6 +372,9 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"--token: the coordinator refused it ({e.body})") from None
     except RelayStartError as e:
         raise ConfigError(str(e)) from None
+    except KeyChanged as e:
+        print(f"echo2 worker: stopped: {e}", file=sys.stderr)
+        return 1
     except ConnectionError as e:
         print(f"echo2 worker: {e}", file=sys.stderr)
         return 1

@@ -77,10 +77,12 @@ class HostileWorker:
     def __init__(self, url: str, name: str = "mallory") -> None:
         self.url = url
         self.worker_id = ""
+        self.secret = TOKEN
+        """What its calls carry: the run token until it registers, then its own credential."""
         if name:
             status, body = self.call("POST", "/v1/register", {"name": name})
             assert status == 200, body
-            self.worker_id = body["worker_id"]
+            self.worker_id, self.secret = body["worker_id"], body["credential"]
 
     def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None) -> tuple[int, Any]:
         """(status, parsed JSON body); a body that is not JSON comes back as the string it is."""
@@ -90,7 +92,7 @@ class HostileWorker:
             else (json.dumps(body, allow_nan=True).encode() if body is not None else None)
         )
         req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {TOKEN}")
+        req.add_header("Authorization", f"Bearer {TOKEN if path == '/v1/register' else self.secret}")
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 status, payload = resp.status, resp.read()

@@ -242,7 +242,7 @@ def test_relay_that_stops_making_progress_is_excised():
     async def scenario():
         fleet = Fleet(server.url, 6)
         staller = fleet.peers[0]
-        staller.relay = StallingRelay(staller.store, token=TOKEN)
+        staller.relay = StallingRelay(staller.store)
         async with fleet:
             give_score(state, staller.worker_id)  # the seed: it has a child
             digest = publish(state, 0)
@@ -367,8 +367,14 @@ def test_uplink_cap_paces_the_learner():
 
 
 # ---------------------------------------------------------------------------- bad requests
+CREDENTIALS: dict[str, str] = {}
+
+
 def call(server, method, path, body=None, *, token=TOKEN):
+    """One request; a body naming a worker registered by `call` goes with its credential."""
     data = json.dumps(body).encode() if body is not None else None
+    if token == TOKEN and isinstance(body, dict) and body.get("worker_id") in CREDENTIALS:
+        token = CREDENTIALS[body["worker_id"]]
     req = urllib.request.Request(server.url + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -383,6 +389,7 @@ def test_broadcast_endpoints_refuse_bad_input():
     try:
         status, body = call(server, "POST", "/v1/register", {"name": "w", "inbound": True, "relay_port": 5})
         wid = json.loads(body)["worker_id"]
+        CREDENTIALS[wid] = json.loads(body)["credential"]
         assert state.workers[wid].relay_url == "http://127.0.0.1:5"
         assert call(server, "GET", "/v1/manifest/0")[1]["error"] == "no_snapshot"
         digest = publish(state, 0)
@@ -391,7 +398,7 @@ def test_broadcast_endpoints_refuse_bad_input():
         assert call(server, "GET", "/v1/chunks/x")[0] == 400
         assert call(server, "GET", "/v1/published?after=zz")[0] == 400
         assert call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 9})[0] == 404
-        assert call(server, "POST", "/v1/broadcast/route", {"worker_id": "nobody", "version": 0})[0] == 404
+        assert call(server, "POST", "/v1/broadcast/route", {"worker_id": "nobody", "version": 0})[0] == 403
         bad_reason = {"worker_id": wid, "version": 0, "parent_id": None, "reason": "bored"}
         assert call(server, "POST", "/v1/broadcast/failure", bad_reason)[0] == 422
         wrong = {"worker_id": wid, "version": 0, "sha256": "0" * 64}
@@ -407,20 +414,19 @@ def test_broadcast_endpoints_refuse_bad_input():
         server.stop()
 
 
-def test_relay_requires_the_token_and_a_valid_range():
+def test_relay_asks_no_credential_but_a_valid_range():
     async def scenario():
         from echo2.broadcast.relay import ChunkStore
 
-        relay = RelayServer(ChunkStore(), token=TOKEN)
+        relay = RelayServer(ChunkStore())
         url = await relay.start()
         try:
             import aiohttp
 
             async with aiohttp.ClientSession() as s:
-                async with s.get(f"{url}/v1/chunks/0") as r:
-                    assert r.status == 401
-                headers = {"Authorization": f"Bearer {TOKEN}"}
-                async with s.get(f"{url}/v1/chunks/0?from=3&to=2", headers=headers) as r:
+                async with s.get(f"{url}/v1/chunks/0?from=3&to=2") as r:
+                    assert r.status == 400 and (await r.json())["error"] == "malformed"
+                async with s.get(f"{url}/v1/chunks/0?child=a/b") as r:
                     assert r.status == 400 and (await r.json())["error"] == "malformed"
         finally:
             await relay.stop()
@@ -476,11 +482,10 @@ def test_a_relay_that_drops_the_version_mid_stream_says_so():
         manifests = [make_manifest(v, snapshot_bytes(v, 64 * 1024), 16 * 1024, key) for v in range(3)]
         store.add_manifest(manifests[0][0])
         assert store.put(0, 0, manifests[0][1][0])
-        relay = RelayServer(store, token=TOKEN, keepalive_s=0.1)
+        relay = RelayServer(store, keepalive_s=0.1)
         url = await relay.start()
         try:
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with aiohttp.ClientSession(headers=headers) as s:
+            async with aiohttp.ClientSession() as s:
                 async with s.get(f"{url}/v1/chunks/0?from=0") as r:
                     assert r.status == 200
                     index, length = HEADER.unpack(await r.content.readexactly(HEADER.size))

@@ -14,6 +14,7 @@ from support import make_state
 from echo2.control.client import (
     CoordinatorClient,
     CoordinatorError,
+    Forbidden,
     Invalid,
     LeaseExpired,
     NotKept,
@@ -80,9 +81,14 @@ def test_the_coordinators_refusals_arrive_typed(coord):
             reg = await c.register(RegisterRequest(name="w"))
             wid = reg.worker_id
             assert reg.public_key == state.public_key and reg.published_version == -1
-            with pytest.raises(UnknownWorker) as e:
+            with pytest.raises(Forbidden) as e:  # our credential is not nobody's
+                await c.heartbeat(HeartbeatRequest(worker_id="nobody", version=-1))
+            assert (e.value.status, e.value.reason) == (403, "forbidden") and e.value.detail
+            mine, c.credential = c.credential, "nobody.secret"
+            with pytest.raises(UnknownWorker) as e:  # a credential of a worker not registered here
                 await c.heartbeat(HeartbeatRequest(worker_id="nobody", version=-1))
             assert (e.value.status, e.value.reason) == (404, "unknown_worker") and e.value.detail
+            c.credential = mine
             with pytest.raises(Invalid) as e:  # 422 future_version
                 await c.heartbeat(HeartbeatRequest(worker_id=wid, version=5))
             assert (e.value.status, e.value.reason) == (422, "future_version")

@@ -15,6 +15,8 @@ from echo2.control.errors import Released
 from echo2.control.state import CoordinatorState
 
 TOKEN = "secret-token"
+CREDENTIALS: dict[str, str] = {}
+"""Worker id -> the credential its registration returned (calls made as it carry it)."""
 
 
 @pytest.fixture
@@ -29,7 +31,15 @@ def coord():
 
 
 def call(server, method, path, body=None, *, token=TOKEN, raw: bytes | None = None):
+    """One request; a body naming a registered worker goes with that worker's credential."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    if raw is not None and body is None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            pass
+    if token == TOKEN and isinstance(body, dict) and body.get("worker_id") in CREDENTIALS:
+        token = CREDENTIALS[body["worker_id"]]
     req = urllib.request.Request(server.url + path, data=data, method=method)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
@@ -44,6 +54,7 @@ def call(server, method, path, body=None, *, token=TOKEN, raw: bytes | None = No
 def register(server, name="w"):
     status, body = call(server, "POST", "/v1/register", {"name": name, "price_per_hour": 0.5})
     assert status == 200
+    CREDENTIALS[body["worker_id"]] = body["credential"]
     return body["worker_id"]
 
 
@@ -174,11 +185,11 @@ def test_stale_records_are_rejected_and_their_prompts_reissued(coord):
         ("/v1/register", {}, 422, "malformed"),
         ("/v1/register", {"name": "w", "price_per_hour": -1}, 422, "malformed"),
         ("/v1/register", {"name": "w", "colour": "red"}, 422, "malformed"),
-        ("/v1/heartbeat", {"worker_id": "nobody", "version": 0}, 404, "unknown_worker"),
+        ("/v1/heartbeat", {"worker_id": "nobody", "version": 0}, 403, "forbidden"),
         ("/v1/heartbeat", {"worker_id": "W", "version": 9}, 422, "future_version"),
         ("/v1/heartbeat", {"worker_id": "W", "version": "x"}, 422, "malformed"),
         ("/v1/lease", {"worker_id": "W", "version": 0, "max_groups": 0}, 422, "malformed"),
-        ("/v1/lease", {"worker_id": "nobody", "version": 0, "max_groups": 1}, 404, "unknown_worker"),
+        ("/v1/lease", {"worker_id": "nobody", "version": 0, "max_groups": 1}, 403, "forbidden"),
         (
             "/v1/trajectories",
             {"worker_id": "W", "lease_id": "nope", "records": [record("g0", "a")]},
@@ -186,7 +197,7 @@ def test_stale_records_are_rejected_and_their_prompts_reissued(coord):
             "lease_expired",
         ),
         ("/v1/trajectories", {"worker_id": "W", "lease_id": "L", "records": []}, 422, "malformed"),
-        ("/v1/lease/return", {"worker_id": "W"}, 422, "malformed"),
+        ("/v1/lease/return", {"worker_id": "W", "lease_id": "L", "x": 1}, 422, "malformed"),
     ],
 )
 def test_bad_requests_to_every_endpoint(coord, path, body, status, reason):
@@ -204,11 +215,11 @@ def test_bad_requests_to_every_endpoint(coord, path, body, status, reason):
 
 def test_not_json_and_oversized_bodies(coord):
     server, state, _ = coord
-    register(server)
+    wid = register(server)
     before = snapshot(state)
-    status, got = call(server, "POST", "/v1/trajectories", raw=b"{not json")
+    status, got = call(server, "POST", "/v1/trajectories", raw=b"{not json", token=CREDENTIALS[wid])
     assert (status, got["error"]) == (400, "malformed")
-    status, got = call(server, "POST", "/v1/trajectories", raw=b"x" * 300_000)
+    status, got = call(server, "POST", "/v1/trajectories", raw=b"x" * 300_000, token=CREDENTIALS[wid])
     assert (status, got["error"]) == (413, "too_large")
     assert snapshot(state) == before
 

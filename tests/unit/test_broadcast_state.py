@@ -110,12 +110,17 @@ def test_repeated_failures_drop_a_worker_from_the_relay_role():
     assert st.plans[0].chains[0][0] != "a", "a lower score moves it away from the seed"
 
 
-def test_bw_hat_follows_reported_transfers():
+def test_bw_hat_follows_transfers_both_sides_reported():
     live = peers(*"abcdef")
     st = state(chains=2)
-    blob = publish(st, 0, live)
+    blob = make_blob(0, bytes(4_000_000), 10**6, KEY)
+    st.publish(blob, live, 0.0, keep=2)
     for w in "ab":
+        assert st.route(w, 0, live, now=0.0)[0] is None  # seeds: fed by the learner
         st.installed(w, 0, blob.sha256, [(None, 4_000_000, 1.0)], live, now=1.0)
+    assert st.bw_hat() == BW, "the receiver's word alone counts for nothing"
+    for w in "ab":
+        st.sent(None, 0, w, 4_000_000, 1.0, now=1.0)  # the coordinator's own account
     assert st.bw_hat() == 4e6
     publish(st, 1, live)
     assert len(st.plans[1].chains) == 1, "B0 = 2 MB/s < Bw_hat: one chain"

@@ -17,6 +17,8 @@ from echo2.control.errors import Reason
     ("error", "status", "reason"),
     [
         (errors.Unreadable("body is not JSON"), 400, "malformed"),
+        (errors.Unauthorized("wrong credential"), 401, "unauthorized"),
+        (errors.Forbidden("not yours"), 403, "forbidden"),
         (errors.UnknownWorker("who"), 404, "unknown_worker"),
         (errors.NoSnapshot("version 3 is not kept"), 404, "no_snapshot"),
         (errors.LeaseExpired("not held"), 409, "lease_expired"),
@@ -42,7 +44,7 @@ def test_each_refusal_has_its_status_and_reason(error, status, reason):
 
 def test_every_refusal_class_has_a_status():
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.Refused)]
-    assert len(classes) == 12
+    assert len(classes) == 14
     for cls in classes:
         if cls is not errors.Refused:
             assert any(c in STATUS for c in cls.__mro__), f"{cls.__name__} has no HTTP status"

@@ -4,8 +4,10 @@ stalled or lying parent reports it and resumes from its first missing chunk with
 The API is described in relay.py's docstring.
 
 Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
-typed refusals, one retry policy); chunk streams from a parent's relay use that client's session
-(same bearer token) with their own progress timeout, since a stream is not a coordinator call.
+typed refusals, one retry policy); chunk streams use that client's session with their own progress
+timeout, since a stream is not a coordinator call. A relay is untrusted: it is sent no credential,
+its redirects are not followed, and one that delivers a chunk slower than `min_rate_bps` (after one
+progress timeout) is reported stalled, like one that sends nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def client_for(
     up = upload_mbps if upload_mbps is not None else bc.get("worker_upload_mbps")
     down = download_mbps if download_mbps is not None else bc.get("worker_download_mbps")
     progress_timeout = bc.get("progress_timeout_s", 10.0)
+    min_rate_bps = (bc.get("min_relay_mbps") or 0.0) * 1e6 / 8
     relay.upload_bucket = mbit(up)
     relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
     return BroadcastClient(
@@ -58,6 +61,7 @@ def client_for(
         public_key=reply.public_key,
         download_bucket=mbit(down),
         progress_timeout=progress_timeout,
+        min_rate_bps=min_rate_bps,
     )
 
 
@@ -88,6 +92,7 @@ class BroadcastClient:
         download_bucket: TokenBucket | None = None,
         progress_timeout: float = 10.0,
         max_failures: int = 20,
+        min_rate_bps: float = 0.0,
     ) -> None:
         self.coordinator = coordinator
         self.worker_id = worker_id
@@ -96,6 +101,10 @@ class BroadcastClient:
         self.download_bucket = download_bucket
         self.progress_timeout = progress_timeout
         self.max_failures = max_failures
+        self.min_rate_bps = min_rate_bps
+        """A relay delivering a chunk slower than this (bytes/s) is reported stalled; 0: no floor."""
+        self._newest = -1
+        self._rewind = asyncio.Event()
         self.transfers: dict[int, list[dict[str, Any]]] = {}
         """Per version, the stream segments that ended cleanly: parent_id, bytes, seconds."""
         self.digests: dict[int, str] = {}
@@ -199,6 +208,7 @@ class BroadcastClient:
     async def _stream(self, version: int, manifest: Manifest, route: Route, start: int) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
         stored as it arrives. Raises _ParentFailed on anything but a complete, valid stream."""
+        relay = route.url is not None
         base = route.url or self.coordinator.url
         # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
         # keep-alives well within progress_timeout while it has nothing to send)
@@ -206,9 +216,17 @@ class BroadcastClient:
             total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
         )
         started, received = time.monotonic(), 0
+        # Only the learner gets our credential; a relay is told who we are (for its own account of
+        # the transfer) and nothing else.
+        params = {"from": start, "child": self.worker_id} if relay else {"from": start}
+        headers = {} if relay else self.coordinator.auth_headers(worker_id=self.worker_id)
         try:
             async with self.coordinator.session.get(
-                f"{base}{API}/chunks/{version}", params={"from": start}, timeout=timeout
+                f"{base}{API}/chunks/{version}",
+                params=params,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
                     body = (await resp.text())[:200]
@@ -226,7 +244,7 @@ class BroadcastClient:
                         raise _ParentFailed("gone", "the parent no longer holds this version")
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
                         raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
-                    data = await self._read(resp.content, length)
+                    data = await self._read(resp.content, length, floor=self.min_rate_bps if relay else 0.0)
                     if not self.store.put(version, index, data):
                         self._first_missing(version)  # dropped from the store: not the parent's fault
                         raise _ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
@@ -246,9 +264,13 @@ class BroadcastClient:
             }
         )
 
-    async def _read(self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False) -> bytes | None:
+    async def _read(
+        self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False, floor: float = 0.0
+    ) -> bytes | None:
         """`n` bytes, each piece within the progress timeout and paced by the download cap. At a
-        frame boundary a clean end of stream returns None."""
+        frame boundary a clean end of stream returns None. With a `floor` (bytes/s), a body whose
+        pieces, after one progress timeout of waiting on them, came slower than it is a stall (the
+        time this worker's own download cap takes is not counted)."""
         if at_frame and n <= PIECE:
             try:
                 async with asyncio.timeout(self.progress_timeout):
@@ -257,13 +279,19 @@ class BroadcastClient:
                 if not e.partial:
                     return None
                 raise
-        parts = []
+        parts, waited = [], 0.0
         for at in range(0, n, PIECE):
             size = min(PIECE, n - at)
             if self.download_bucket is not None:
                 await self.download_bucket.consume(size)
+            t0 = time.monotonic()
             async with asyncio.timeout(self.progress_timeout):
                 parts.append(await content.readexactly(size))
+            waited += time.monotonic() - t0
+            if floor and waited > self.progress_timeout and (at + size) / waited < floor:
+                raise _ParentFailed(
+                    "stalled", f"{(at + size) / waited:.0f} B/s, below the floor of {floor:.0f} B/s"
+                )
         return b"".join(parts)
 
     # ------------------------------------------------------------------ following
@@ -279,7 +307,7 @@ class BroadcastClient:
         installed already, and report the install. Errors are logged and retried."""
         tasks: dict[int, asyncio.Task] = {}
         lock = asyncio.Lock()
-        newest = -1
+        self._newest = -1
 
         async def report(version: int, data: bytes) -> None:
             """The install report alone (the snapshot is installed already; the client retries
@@ -313,14 +341,20 @@ class BroadcastClient:
 
         try:
             while not stop.is_set():
+                if self._rewind.is_set():  # a new epoch: what was being received is void
+                    self._rewind.clear()
+                    for t in tasks.values():
+                        t.cancel()
+                    await asyncio.gather(*tasks.values(), return_exceptions=True)
+                    tasks.clear()
                 try:
-                    latest = await _unless(stop, self.wait_published(after=newest))
+                    latest = await _unless(stop, self.wait_published(after=self._newest), also=self._rewind)
                 except (aiohttp.ClientError, OSError, CoordinatorError) as e:
                     logger.debug("waiting for a version: %r", e)
                     await sleep_unless(stop, retry_s)
                     continue
-                if latest is not None and latest > newest:
-                    newest = latest
+                if latest is not None and latest > self._newest and not self._rewind.is_set():
+                    self._newest = latest
                     tasks[latest] = asyncio.create_task(receive(latest))
                 for v in [v for v, t in tasks.items() if t.done()]:
                     del tasks[v]
@@ -328,6 +362,16 @@ class BroadcastClient:
             for t in tasks.values():
                 t.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    def rewind(self) -> None:
+        """The learner restarted (a new epoch): forget every version held or being received, so
+        the next published one is received and installed even if its number is not newer."""
+        self.store.clear()
+        self.installed_version = -1
+        self.transfers.clear()
+        self.digests.clear()
+        self._newest = -1
+        self._rewind.set()
 
 
 def _verified(data: Any, version: int, public_key: str) -> Manifest:
@@ -347,17 +391,18 @@ def _chunk_len(manifest: Manifest, index: int) -> int:
     return end - start
 
 
-async def _unless(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
-    """The coroutine's result, or None if `stop` is set first (the coroutine is then cancelled)."""
+async def _unless(stop: asyncio.Event, coro: Awaitable[Any], also: asyncio.Event | None = None) -> Any:
+    """The coroutine's result, or None if `stop` (or `also`) is set first (the coroutine is then
+    cancelled)."""
     task = asyncio.ensure_future(coro)
-    stopped = asyncio.ensure_future(stop.wait())
+    waits = [asyncio.ensure_future(e.wait()) for e in (stop, also) if e is not None]
     try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *waits}, return_when=asyncio.FIRST_COMPLETED)
         return task.result() if task.done() else None
     finally:
-        for t in (task, stopped):
+        for t in (task, *waits):
             t.cancel()
-        await asyncio.gather(task, stopped, return_exceptions=True)
+        await asyncio.gather(task, *waits, return_exceptions=True)
 
 
 async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:

@@ -41,6 +41,8 @@ class BroadcastPeer(Worker):
         upload_mbps: float | None = None,
         download_mbps: float | None = None,
         fault_flip_byte: bool = False,
+        learner_key: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         config = WorkerConfig(
             url=coordinator_url,
@@ -54,6 +56,8 @@ class BroadcastPeer(Worker):
             upload_mbps=upload_mbps,
             download_mbps=download_mbps,
             fault_flip_byte=fault_flip_byte,
+            learner_key=learner_key,
+            ca_file=ca_file,
         )
         super().__init__(config)
         self.installed: dict[int, str] = {}
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay-advertise", default=None, metavar="HOST")
     p.add_argument("--upload-mbps", type=float, default=None)
     p.add_argument("--download-mbps", type=float, default=None)
+    p.add_argument("--learner-key", default=None, metavar="FINGERPRINT")
+    p.add_argument("--ca-file", default=None, metavar="PEM")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     if not args.token:
@@ -109,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             upload_mbps=args.upload_mbps,
             download_mbps=args.download_mbps,
             fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
+            learner_key=args.learner_key,
+            ca_file=args.ca_file,
         )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,7 +14,7 @@ runs one as a process.
 API, all coroutines run in one event loop::
 
     store = ChunkStore(keep=2)
-    relay = RelayServer(store, upload_bucket=TokenBucket(bytes_per_s) or None, token=TOKEN)
+    relay = RelayServer(store, upload_bucket=TokenBucket(bytes_per_s) or None)
     url = await relay.start("127.0.0.1", 0)        # serves GET /v1/chunks/{version}; relay.port
     # register: POST {coordinator}/v1/register {"name", "inbound": true, "relay_port": relay.port}
     #   -> worker_id, public_key (hex), run["broadcast"]["progress_timeout_s"]
@@ -33,15 +33,19 @@ API, all coroutines run in one event loop::
 What the coordinator serves for this (docs/protocol.md): `GET /v1/published?after=V`,
 `GET /v1/manifest/{v}` (signed), `GET /v1/chunks/{v}?from=K` (the learner as a parent),
 `POST /v1/broadcast/route`, `POST /v1/broadcast/failure` (both answer `{version, parent_id, url}`;
-`url` null means the learner) and `POST /v1/broadcast/installed`. Every request carries the run's
-bearer token, relays' too.
+`url` null means the learner), `POST /v1/broadcast/installed` and `POST /v1/broadcast/sent` (a
+relay's own account of each stream it served, so a transfer counts only when both sides agree).
+Coordinator calls carry the worker's credential; relays are sent no credential at all (chunk hashes
+and the signed manifest authenticate what they serve), and their redirects are not followed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -58,6 +62,9 @@ STARVED_FACTOR = 3
 FAULT_FLIP_BYTE_ENV = "ECHO2_FAULT_FLIP_BYTE"
 """TEST-ONLY fault injection: when set to 1, `echo2 worker` relays flip one byte of every chunk
 they forward, so tests can check that receivers detect it and refetch."""
+
+
+CHILD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def mbit(rate_mbps: float | None) -> TokenBucket | None:
@@ -93,6 +100,12 @@ class ChunkStore:
         self.chunks[manifest.version] = {}
         for v in sorted(self.manifests)[: -self.keep]:
             del self.manifests[v], self.chunks[v]
+        self._notify()
+
+    def clear(self) -> None:
+        """Forget every version (the learner restarted: numbers may now name other snapshots)."""
+        self.manifests.clear()
+        self.chunks.clear()
         self._notify()
 
     def dropped(self, version: int) -> bool:
@@ -154,26 +167,27 @@ class ChunkStore:
 
 # ---------------------------------------------------------------------------- relay server
 class RelayServer:
-    """Serves `GET /v1/chunks/{version}?from=K[&to=J]` from a ChunkStore: chunks already held at
-    once, the others as soon as they arrive (keep-alives meanwhile), paced by `upload_bucket`.
+    """Serves `GET /v1/chunks/{version}?from=K[&to=J][&child=ID]` from a ChunkStore: chunks already
+    held at once, the others as soon as they arrive (keep-alives meanwhile), paced by
+    `upload_bucket`. No credential is asked: what it serves is verified by the receiver.
 
-    `upload_bucket` and `token` may be set after construction (the worker learns its cap when it
-    registers, after its relay must already listen). `fault_flip_byte` is TEST-ONLY fault
-    injection: every forwarded chunk has its first byte flipped."""
+    `upload_bucket` and `on_sent` may be set after construction (the worker learns its cap when it
+    registers, after its relay must already listen). `on_sent(version, child, bytes, seconds)` is
+    called after each stream that named its `child` (the relay's account to the coordinator).
+    `fault_flip_byte` is TEST-ONLY fault injection: every forwarded chunk has its first byte flipped."""
 
     def __init__(
         self,
         store: ChunkStore,
         upload_bucket: TokenBucket | None = None,
         *,
-        token: str | None = None,
         keepalive_s: float = 1.0,
         write_timeout_s: float = 60.0,
         fault_flip_byte: bool = False,
     ) -> None:
         self.store = store
         self.upload_bucket = upload_bucket
-        self.token = token
+        self.on_sent: Callable[[int, str, int, float], None] | None = None
         self.keepalive_s = keepalive_s
         self.write_timeout_s = write_timeout_s
         self.fault_flip_byte = fault_flip_byte
@@ -217,13 +231,12 @@ class RelayServer:
         return data
 
     async def _chunks(self, request: web.Request) -> web.StreamResponse:
-        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
-            return web.json_response(
-                {"error": "unauthorized", "detail": "missing or wrong bearer token"}, status=401
-            )
         try:
             version = int(request.match_info["version"])
             start, to = parse_range(request.query)
+            child = request.query.get("child")
+            if child is not None and not CHILD_ID.fullmatch(child):
+                raise ValueError("child must be a worker id")
         except (ValueError, BadRange) as e:
             return web.json_response({"error": "malformed", "detail": str(e)}, status=400)
         if self.store.dropped(version):
@@ -237,6 +250,14 @@ class RelayServer:
                 return None  # not receiving this version yet: keep-alives until it starts
             return manifest.num_chunks if to is None else min(to, manifest.num_chunks)
 
+        sent, started = 0, time.monotonic()
+
+        async def get_chunk(index: int, wait: float) -> bytes | None:
+            nonlocal sent
+            data = await self.chunk(version, index, wait)
+            sent += len(data) if data is not None else 0
+            return data
+
         transport = request.transport
         if transport is not None:
             self._open.add(transport)
@@ -245,10 +266,12 @@ class RelayServer:
                 request,
                 start=start,
                 end=end,
-                get_chunk=lambda index, wait: self.chunk(version, index, wait),
+                get_chunk=get_chunk,
                 bucket=self.upload_bucket,
                 keepalive_s=self.keepalive_s,
                 write_timeout_s=self.write_timeout_s,
             )
         finally:
             self._open.discard(transport)
+            if child is not None and sent and self.on_sent is not None:
+                self.on_sent(version, child, sent, max(time.monotonic() - started, 1e-6))

@@ -225,6 +225,14 @@ class CoordinatorConfig(_Section):
     """A worker silent this long is marked lost and its leases are reissued."""
     wait_timeout: float = Field(1800.0, gt=0)
     """The learner gives up if no admissible batch arrives for this long (no live workers)."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) to serve HTTPS with; workers then use an https:// URL (and
+    `--ca-file` for a private CA). None: plain HTTP (docs/security.md: what that exposes)."""
+    tls_key: str | None = None
+    """PEM private key of `tls_cert`."""
+    any_relay_host: bool = False
+    """Let a worker advertise a relay host (`--relay-advertise`) other than the address its
+    registration came from (NAT, proxies). Off: a worker can only point its children at itself."""
     max_leases_per_worker: int = Field(2, ge=1)
     """Open leases one worker may hold (a worker works one at a time)."""
     quarantine_after: int = Field(3, ge=1)
@@ -237,6 +245,8 @@ class CoordinatorConfig(_Section):
     def _timeouts(self) -> CoordinatorConfig:
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ValueError("coordinator.heartbeat_timeout: must exceed coordinator.heartbeat_interval")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("coordinator.tls_key: tls_cert and tls_key go together")
         return self
 
 
@@ -317,6 +327,17 @@ class BroadcastConfig(_Section):
     key_file: str | None = None
     """PEM file of the learner's Ed25519 signing key, created on first start; default
     RUN_DIR/learner_key.pem, so a resumed run keeps its key."""
+    min_relay_mbps: float = Field(1.0, ge=0)
+    """A relay whose chunk arrives slower than this (measured once it has taken a progress
+    timeout) is reported stalled and excised, like one that sends nothing; 0: no floor. Keep it
+    below worker_upload_mbps."""
+
+    @model_validator(mode="after")
+    def _floor(self) -> BroadcastConfig:
+        up = self.worker_upload_mbps
+        if up is not None and self.min_relay_mbps > up:
+            raise ValueError("broadcast.min_relay_mbps: must not exceed broadcast.worker_upload_mbps")
+        return self
 
     @property
     def chunk_bytes(self) -> int:
@@ -338,8 +359,10 @@ class RunConfig(_Section):
     eval_every: int = Field(0, ge=0)
     """Also measure held-out accuracy every N steps (metrics `eval/accuracy`); 0: only before and
     after training."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every N steps (0: only at the end)."""
+    checkpoint_every: int = Field(10, ge=0)
+    """Save a checkpoint every N steps (0: only at the end). Records accepted since the last one
+    are not lost to a crash (RUN_DIR/accepted.jsonl is replayed on resume); the training steps
+    since then are redone."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads; default: all cores."""
 

@@ -16,6 +16,9 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 - **Failure.** A receiver reports its parent: the parent's score falls, it is excised (its tail
   reattaches to the nearest healthy upstream peer, or the learner), and it may not get a child for
   this version again; the receiver gets its new parent.
+- **Transfers.** A transfer counts for its parent's score (and for Bw_hat) only once the
+  coordinator's route, the receiver's install report and the sender's own account agree
+  (control/transfers.py); a worker cannot credit itself or a parent it was not given.
 - **Installed.** A receiver reports the exact moment it runs a version: T_bcast(q) of a version is
   the time until a fraction q of the live workers run it (or something newer); each worker counts
   from the publication, or from its registration if it joined later. Heartbeats also count (a
@@ -36,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import Manifest, make_manifest
 from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, plan_broadcast
+from echo2.control.transfers import Credit, TransferLedger
 
 QUANTILES = (0.9, 1.0)
 """T_bcast is reported at q = 0.9 (about 1 / gamma of the workers, the paper's measure) and q = 1."""
@@ -114,6 +118,8 @@ class BroadcastState:
         """Parent failures reported by receivers, by reason."""
         self.bytes_served = 0
         """Snapshot bytes the learner itself sent (chunk streams and whole downloads)."""
+        self.ledger = TransferLedger()
+        """Routes given and both sides' accounts of each transfer, until they agree."""
 
     # ------------------------------------------------------------------ planning
     def bw_hat(self) -> float:
@@ -162,10 +168,14 @@ class BroadcastState:
                 self.plans.pop(v, None)
                 self.leaf_only.pop(v, None)
                 self.receiving.pop(v, None)
+                self.ledger.forget(v)
 
     # ------------------------------------------------------------------ routing
-    def route(self, worker_id: str, version: int, peers: dict[str, Peer]) -> tuple[str | None, str | None]:
-        """(parent worker id, its relay URL); (None, None) means the learner."""
+    def route(
+        self, worker_id: str, version: int, peers: dict[str, Peer], now: float | None = None
+    ) -> tuple[str | None, str | None]:
+        """(parent worker id, its relay URL); (None, None) means the learner. With `now`, the
+        route is noted so a transfer over it may later count (control/transfers.py)."""
         plan = self.plans.get(version)
         if plan is None:
             raise NotKept(version)
@@ -181,6 +191,8 @@ class BroadcastState:
         self.plans[version] = plan
         if self.noted.get(worker_id, -1) < version:
             self.receiving[version].add(worker_id)
+        if now is not None:
+            self.ledger.route(version, parent, worker_id, now)
         return parent, (peers[parent].relay_url if parent is not None else None)
 
     def _attach(self, plan: ChainPlan, worker_id: str, version: int, peers: dict[str, Peer]) -> ChainPlan:
@@ -224,7 +236,7 @@ class BroadcastState:
                 self._stats(parent_id).record_failure(now)
             self.plans[version] = plan.excise(parent_id)
             self.leaf_only[version].add(parent_id)
-        return self.route(worker_id, version, peers)
+        return self.route(worker_id, version, peers, now)
 
     def forget(self, worker_id: str) -> None:
         """A worker was lost: excise it from every plan (its receivers will be routed around it)."""
@@ -244,17 +256,33 @@ class BroadcastState:
         peers: dict[str, Peer],
         now: float,
     ) -> None:
-        """An exact install report, with the (parent, bytes, seconds) segments the chunks came in."""
+        """An exact install report, with the (parent, bytes, seconds) segments the chunks came in
+        (the receiver's accounts: each counts once the sender's agrees)."""
         blob = self.snapshots.get(version)
         if blob is not None and blob.sha256 != sha256:
             raise WrongSnapshot(f"sha256 {sha256[:12]}... is not the one published for version {version}")
-        for parent_id, nbytes, seconds in transfers:
-            if nbytes > 0 and seconds > 0 and math.isfinite(nbytes / seconds):
-                self.rates.append(nbytes / seconds)
-            if parent_id in peers or parent_id in self.stats:
-                self._stats(parent_id).record_transfer(nbytes, seconds, now)
+        for parent_id, nbytes, seconds in transfers if blob is not None else ():
+            key = (version, parent_id, worker_id)
+            self._credit(self.ledger.received(key, nbytes, seconds, size=len(blob.data), now=now), now)
         self.note_version(worker_id, version, now)
         self.update_t_bcast(peers)
+
+    def sent(
+        self, parent_id: str | None, version: int, receiver_id: str, nbytes: int, seconds: float, now: float
+    ) -> None:
+        """A sender's own account of a stream (None: the learner's, measured by the coordinator)."""
+        blob = self.snapshots.get(version)
+        if blob is not None:
+            key = (version, parent_id, receiver_id)
+            self._credit(self.ledger.sent(key, nbytes, seconds, size=len(blob.data), now=now), now)
+
+    def _credit(self, credit: Credit | None, now: float) -> None:
+        if credit is None:
+            return
+        if credit.bytes > 0:
+            self.rates.append(credit.bytes / credit.seconds)
+        if credit.parent_id is not None:
+            self._stats(credit.parent_id).record_transfer(credit.bytes, credit.seconds, now)
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
         """The worker runs `version`: it counts as having every published version up to it. False
@@ -308,6 +336,7 @@ class BroadcastState:
             },
             "installed_by_version": {str(v): len(self.installed_at.get(v, {})) for v in recent},
             "parent_failures": dict(self.failures),
+            "transfer_accounts": dict(self.ledger.outcomes),
             "learner_bytes_sent": self.bytes_served,
             "scores": {names.get(w, w): round(s.score(now), 1) for w, s in self.stats.items()},
         }

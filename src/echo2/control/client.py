@@ -1,7 +1,8 @@
 """The one HTTP client of the coordinator's API (docs/protocol.md): `CoordinatorClient`.
 
-Owns the caller's side of the wire: one aiohttp session carrying the run's bearer token, one typed
-coroutine per endpoint built on the pydantic models of protocol.py, a timeout on every call, the
+Owns the caller's side of the wire: one aiohttp session, the credentials (the run's token for
+registration; from then on the worker's own credential, which `register` keeps from the reply),
+TLS (an https URL, verified against the system's CAs or `ca_file`), one typed coroutine per endpoint built on the pydantic models of protocol.py, a timeout on every call, the
 mapping of refusals (status and JSON `error` reason) to typed exceptions, and ONE retry policy
 (tenacity): connection errors, timeouts and 5xx answers are retried with capped exponential backoff,
 bounded in attempts and in time, each retry logged; a 4xx answer is never retried. What a refusal
@@ -14,14 +15,16 @@ Usage::
         reply = await c.register(RegisterRequest(name="w"))
         lease = await c.lease(LeaseRequest(worker_id=reply.worker_id, version=-1, max_groups=1))
 
-The session is also what the broadcast client streams chunks from relays with (same token), so a
-worker holds one session in all.
+The session is also what the broadcast client streams chunks with, so a worker holds one session
+in all; it carries no default credential (`auth_headers()` is added to coordinator calls only, so
+nothing is ever sent to a relay) and follows no redirect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -51,6 +54,7 @@ from echo2.control.protocol import (
     ReturnRequest,
     Route,
     RouteRequest,
+    SentRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,6 +77,11 @@ class CoordinatorError(Exception):
 
 class Unauthorized(CoordinatorError):
     """401: the bearer token is missing or wrong."""
+
+
+class Forbidden(CoordinatorError):
+    """403 forbidden: the credential does not cover this call (the run token for a worker's call, or another
+    worker's credential)."""
 
 
 class UnknownWorker(CoordinatorError):
@@ -111,12 +120,18 @@ class Unreachable(ConnectionError):
 
 
 _BY_REASON: dict[tuple[int, str], type[CoordinatorError]] = {
+    (403, "forbidden"): Forbidden,
     (404, "unknown_worker"): UnknownWorker,
     (404, "no_snapshot"): NotKept,
     (409, "lease_expired"): LeaseExpired,
     (409, "stale"): Stale,
 }
-_BY_STATUS: dict[int, type[CoordinatorError]] = {401: Unauthorized, 410: Released, 400: Invalid, 413: Invalid}
+_BY_STATUS: dict[int, type[CoordinatorError]] = {
+    401: Unauthorized,
+    410: Released,
+    400: Invalid,
+    413: Invalid,
+}
 
 
 def refusal(status: int, body: Any) -> CoordinatorError:
@@ -178,14 +193,22 @@ class CoordinatorClient:
         retry: RetryPolicy | None = None,
         call_timeout: float = 60.0,
         stop: asyncio.Event | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.token = token
+        self.credential: str | None = None
+        """This worker's own credential, from the registration reply (None until registered)."""
+        self.credentials: dict[str, str] = {}
+        """Credential of each worker id this client registered as (a call still in flight as an
+        earlier id, after registering again, goes with that id's credential)."""
         self.retry = retry or RetryPolicy()
         self.call_timeout = call_timeout
         self.stop = stop
         self.retries = 0
         """Attempts that failed transiently and were retried (for tests and status)."""
-        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"})
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context or True))
 
     @classmethod
     async def create(cls, url: str, token: str, **kw: Any) -> CoordinatorClient:
@@ -202,13 +225,35 @@ class CoordinatorClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def auth_headers(self, *, run_token: bool = False, worker_id: str | None = None) -> dict[str, str]:
+        """What a call to the coordinator carries: the credential of the worker it is made as (the
+        newest one when no id is named; the run token for registration, or before). Never sent
+        anywhere else."""
+        secret = self.credentials.get(worker_id or "") or self.credential
+        return {"Authorization": f"Bearer {self.token if run_token or secret is None else secret}"}
+
     # ------------------------------------------------------------------ the one request path
     async def _once(self, method: str, path: str, body: BaseModel | None, timeout: float, params) -> Any:
         json = body.model_dump() if body is not None else None
         t = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
-        async with self.session.request(method, self.url + path, json=json, params=params, timeout=t) as resp:
+        headers = self.auth_headers(
+            run_token=path == f"{API}/register", worker_id=getattr(body, "worker_id", None)
+        )
+        async with self.session.request(
+            method,
+            self.url + path,
+            json=json,
+            params=params,
+            timeout=t,
+            headers=headers,
+            allow_redirects=False,
+        ) as resp:
             if resp.status == 204:
                 return None
+            if 300 <= resp.status < 400:  # never followed: the credential would go with it
+                raise CoordinatorError(
+                    resp.status, {"error": "redirect", "detail": "redirects are not followed"}
+                )
             data = await resp.json(content_type=None)
             if resp.status >= 400:
                 raise refusal(resp.status, data)
@@ -265,7 +310,12 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ rollout
     async def register(self, req: RegisterRequest) -> RegisterResponse:
-        return RegisterResponse.model_validate(await self.call("POST", f"{API}/register", req))
+        """Register (with the run token); the reply's credential is used for every later call."""
+        reply = RegisterResponse.model_validate(await self.call("POST", f"{API}/register", req))
+        self.credential = self.credentials[reply.worker_id] = reply.credential
+        while len(self.credentials) > 8:  # ids older than that have long been refused as unknown
+            del self.credentials[next(iter(self.credentials))]
+        return reply
 
     async def heartbeat(self, req: HeartbeatRequest) -> int:
         """One heartbeat, not retried (the next one follows); returns the published version."""
@@ -306,3 +356,7 @@ class CoordinatorClient:
 
     async def report_installed(self, req: InstalledRequest) -> None:
         await self.call("POST", f"{API}/broadcast/installed", req)
+
+    async def report_sent(self, req: SentRequest) -> None:
+        """A relay's account of a stream it served (one attempt: the next stream sends another)."""
+        await self.call("POST", f"{API}/broadcast/sent", req, retry=NO_RETRY)

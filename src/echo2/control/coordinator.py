@@ -1,6 +1,7 @@
 """The coordinator's HTTP service (aiohttp), run by the learner process in a background thread.
 
-Owns the transport only: authentication, body-size cap, per-handler timeout, request validation and
+Owns the transport only: authentication (the run token admits new workers; every call made as a
+worker must carry that worker's own credential, issued at registration), body-size cap, per-handler timeout, request validation and
 the mapping of refusals (control/errors.py) to HTTP statuses, in one table (`STATUS`) and one
 middleware. Every decision is made by `CoordinatorState` (or the subclass it is given).
 The endpoints are documented in docs/protocol.md. As the learner's end of snapshot broadcast it also
@@ -15,7 +16,9 @@ import hmac
 import json
 import logging
 import math
+import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +27,8 @@ from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
-from echo2.control import errors, validate
-from echo2.control.errors import Reason, Refused, Unreadable
+from echo2.control import errors, identity, validate
+from echo2.control.errors import Forbidden, Reason, Refused, Unauthorized, Unreadable
 from echo2.control.protocol import (
     API,
     FailureRequest,
@@ -39,6 +42,7 @@ from echo2.control.protocol import (
     ReturnRequest,
     Route,
     RouteRequest,
+    SentRequest,
     SnapshotInfo,
 )
 from echo2.control.state import CoordinatorState
@@ -52,10 +56,17 @@ STREAMS = {"chunks", "snapshot_data"}
 """Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
 WRITE_TIMEOUT = 60.0
 LONG_POLL_MAX = 25.0
+WORKER = web.RequestKey("worker", str)
+"""The worker a request is made as (None: the run token's holder)."""
+WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
+"""Routes made as one worker: they need that worker's credential, and their body's worker_id must
+be the credential's."""
 
 
 STATUS: dict[type[Refused], int] = {
     errors.Unreadable: 400,
+    errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.Quarantined: 403,
     errors.LeaseLimit: 429,
     errors.UnknownWorker: 404,
@@ -88,7 +99,13 @@ class Coordinator:
         max_body: int = MAX_BODY,
         uplink_bps: float | None = None,
         stream_bps: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        any_relay_host: bool = False,
     ) -> None:
+        self.ssl_context = ssl_context
+        """Serve HTTPS with this context (coordinator.tls_cert / tls_key); None: plain HTTP."""
+        self.any_relay_host = any_relay_host
+        """Accept a relay_host other than the address a registration came from."""
         self.max_body = max_body
         self.uplink_bps = uplink_bps
         """Cap on the snapshot bytes/s the learner sends, all streams together (None: uncapped)."""
@@ -114,19 +131,20 @@ class Coordinator:
         app = web.Application(client_max_size=self.max_body, middlewares=[self._guard])
         app.add_routes(
             [
-                web.post(f"{API}/register", self.register),
-                web.post(f"{API}/heartbeat", self.heartbeat),
-                web.post(f"{API}/lease", self.lease),
-                web.post(f"{API}/lease/return", self.return_lease),
-                web.post(f"{API}/trajectories", self.push),
+                web.post(f"{API}/register", self.register, name="register"),
+                web.post(f"{API}/heartbeat", self.heartbeat, name="heartbeat"),
+                web.post(f"{API}/lease", self.lease, name="lease"),
+                web.post(f"{API}/lease/return", self.return_lease, name="return_lease"),
+                web.post(f"{API}/trajectories", self.push, name="push"),
                 web.get(f"{API}/snapshot", self.manifest),
                 web.get(f"{API}/snapshot/{{version}}", self.snapshot, name="snapshot_data"),
                 web.get(f"{API}/published", self.published),
                 web.get(f"{API}/manifest/{{version}}", self.chunk_manifest),
                 web.get(f"{API}/chunks/{{version}}", self.chunks, name="chunks"),
-                web.post(f"{API}/broadcast/route", self.route),
-                web.post(f"{API}/broadcast/failure", self.failure),
-                web.post(f"{API}/broadcast/installed", self.installed),
+                web.post(f"{API}/broadcast/route", self.route, name="route"),
+                web.post(f"{API}/broadcast/failure", self.failure, name="failure"),
+                web.post(f"{API}/broadcast/installed", self.installed, name="installed"),
+                web.post(f"{API}/broadcast/sent", self.sent, name="sent"),
                 web.get("/status", self.status),
             ]
         )
@@ -134,10 +152,8 @@ class Coordinator:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
-        auth = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
-            return _error(401, "unauthorized", "missing or wrong bearer token")
         try:
+            request[WORKER] = self._caller(request)
             if request.match_info.route.name in STREAMS:
                 return await handler(request)
             async with asyncio.timeout(HANDLER_TIMEOUT):
@@ -163,6 +179,20 @@ class Coordinator:
             logger.exception("%s %s failed", request.method, validate.printable(request.path))
             return _error(500, "internal", "the coordinator failed on this request (logged)")
 
+    def _caller(self, request: web.Request) -> str | None:
+        """The worker a request is made by (None: the run token's holder), or a refusal."""
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer" or not presented:
+            raise Unauthorized("missing bearer token")
+        name = request.match_info.route.name
+        if hmac.compare_digest(presented.encode(), self.token.encode()):
+            if name in WORKER_CALLS:
+                raise Forbidden("a worker's call needs the credential it was given at registration")
+            return None
+        if name == "register":
+            raise Unauthorized("registration needs the run token")
+        return self.state.authenticate(presented)
+
     @staticmethod
     async def _body(request: web.Request, model, *, limit: int = validate.SMALL_BODY):
         """The body as `model`: JSON of at most `limit` bytes (`max_body` for pushes), nested no
@@ -178,14 +208,23 @@ class Coordinator:
             raise Unreadable(f"body is not JSON: {validate.printable(e)}") from None
         except RecursionError:
             raise Unreadable("body is nested too deep") from None
-        return model.model_validate(data)
+        req = model.model_validate(data)
+        if "worker_id" in model.model_fields and req.worker_id != request[WORKER]:
+            raise Forbidden(f"this credential is not worker {validate.printable(req.worker_id)!r}'s")
+        return req
 
     # ------------------------------------------------------------------ handlers
     async def register(self, request: web.Request) -> web.Response:
         req = await self._body(request, RegisterRequest)
         relay_url = None
         if req.relay_port is not None:
-            host = req.relay_host or request.remote or ""
+            observed = request.remote or ""
+            if req.relay_host and not (self.any_relay_host or identity.same_host(req.relay_host, observed)):
+                raise Forbidden(
+                    f"relay_host {req.relay_host!r} is not the address this registration came from "
+                    f"({observed}); see coordinator.any_relay_host"
+                )
+            host = req.relay_host or observed
             if ":" in host and not host.startswith("["):  # IPv6 literal
                 host = f"[{host}]"
             relay_url = f"http://{host}:{req.relay_port}"
@@ -204,13 +243,17 @@ class Coordinator:
                 heartbeat_interval=self.heartbeat_interval,
                 published_version=self.state.published_version,
                 public_key=self.state.public_key,
+                credential=self.state.issue_credential(info.worker_id),
+                epoch=self.state.epoch,
             ).model_dump()
         )
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         req = await self._body(request, HeartbeatRequest)
         self.state.heartbeat(req.worker_id, version=req.version, throughput=req.throughput)
-        return web.json_response({"published_version": self.state.published_version})
+        return web.json_response(
+            {"published_version": self.state.published_version, "epoch": self.state.epoch}
+        )
 
     async def lease(self, request: web.Request) -> web.Response:
         req = await self._body(request, LeaseRequest)
@@ -319,20 +362,30 @@ class Coordinator:
         except BadRange as e:
             raise Unreadable(str(e)) from None
 
+        sent = 0
+
         async def get_chunk(index: int, wait: float) -> memoryview:
+            nonlocal sent
+            sent += len(blob.chunks[index])
             self.state.record_bytes_served(len(blob.chunks[index]))
             return blob.chunks[index]
 
-        return await serve_stream(
-            request,
-            start=start,
-            end=lambda: end,
-            get_chunk=get_chunk,
-            bucket=self.uplink,
-            keepalive_s=1.0,
-            write_timeout_s=WRITE_TIMEOUT,
-            stream_bucket=TokenBucket(self.stream_bps) if self.stream_bps else None,
-        )
+        started = time.monotonic()
+        try:
+            return await serve_stream(
+                request,
+                start=start,
+                end=lambda: end,
+                get_chunk=get_chunk,
+                bucket=self.uplink,
+                keepalive_s=1.0,
+                write_timeout_s=WRITE_TIMEOUT,
+                stream_bucket=TokenBucket(self.stream_bps) if self.stream_bps else None,
+            )
+        finally:  # the learner's own account of what it sent this worker (cross-checks its report)
+            if request[WORKER] is not None and sent:
+                seconds = max(time.monotonic() - started, 1e-6)
+                self.state.report_sent(None, blob.version, request[WORKER], sent, seconds)
 
     async def route(self, request: web.Request) -> web.Response:
         req = await self._body(request, RouteRequest)
@@ -350,6 +403,11 @@ class Coordinator:
         req = await self._body(request, InstalledRequest)
         transfers = [(t.parent_id, t.bytes, t.seconds) for t in req.transfers]
         self.state.report_installed(req.worker_id, req.version, req.sha256, transfers)
+        return web.json_response({"ok": True})
+
+    async def sent(self, request: web.Request) -> web.Response:
+        req = await self._body(request, SentRequest)
+        self.state.report_sent(req.worker_id, req.version, req.child_id, req.bytes, req.seconds)
         return web.json_response({"ok": True})
 
     async def status(self, request: web.Request) -> web.Response:
@@ -390,10 +448,11 @@ class Coordinator:
         self.state.listeners.append(self.notify_published)
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context)
         await site.start()
         bound = site._server.sockets[0].getsockname()  # port 0 -> the port the OS chose
-        self.url = f"http://{bound[0]}:{bound[1]}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        self.url = f"{scheme}://{bound[0]}:{bound[1]}"
         self._expiry = asyncio.get_running_loop().create_task(self._expire_forever())
         logger.info("coordinator listening on %s", self.url)
 

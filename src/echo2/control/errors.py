@@ -28,6 +28,9 @@ class Reason(StrEnum):
     GROUP_OVERFLOW = "group_overflow"
     NON_FINITE_REWARD = "non_finite_reward"
     WRONG_SNAPSHOT = "wrong_snapshot"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_ADMISSIBLE = "not_admissible"
     # validation at the door (validate.py) and the referee (learning/verify.py)
     REWARD_OUT_OF_RANGE = "reward_out_of_range"
     BAD_LOGPROB = "bad_logprob"
@@ -66,6 +69,20 @@ class Released(Refused):
     """Released by the scheduler through its provider: the worker should stop, not register again."""
 
     reason = Reason.RELEASED
+
+
+class Unauthorized(Refused):
+    """No credential, or a wrong one: the run token for registration, a worker's own credential
+    (issued at registration) for every call made as that worker."""
+
+    reason = Reason.UNAUTHORIZED
+
+
+class Forbidden(Refused):
+    """A valid credential used for what it does not cover: the run token for a worker's call, or
+    one worker's credential for a call made as another."""
+
+    reason = Reason.FORBIDDEN
 
 
 class NoSnapshot(Refused):

@@ -54,7 +54,14 @@ class RegisterResponse(_Wire):
     heartbeat_interval: float
     published_version: int
     public_key: str
-    """The learner's Ed25519 public key (hex): every snapshot manifest must carry its signature."""
+    """The learner's Ed25519 public key (hex): every snapshot manifest must carry its signature.
+    A worker pins it for the run (docs/security.md): a different key later stops the worker."""
+    credential: str
+    """This worker's own secret, given once: every later call made as this worker carries it as
+    its bearer token (the run token only admits new workers)."""
+    epoch: str
+    """Which start of the learner this is: a resumed learner is a new epoch, and a worker that
+    holds versions newer than `published_version` from an earlier epoch drops them."""
 
 
 class HeartbeatRequest(_Wire):
@@ -162,6 +169,17 @@ class Transfer(_Wire):
         if self.bytes / self.seconds > MAX_RATE:
             raise ValueError(f"{self.bytes} bytes in {self.seconds}s is over {MAX_RATE:g} bytes/s")
         return self
+
+
+class SentRequest(_Wire):
+    """A relay's own account of one stream it served to a child (cross-checked against the
+    child's install report before the transfer counts for the relay's score)."""
+
+    worker_id: str
+    version: int = Field(ge=0)
+    child_id: str = Field(min_length=1, max_length=64)
+    bytes: int = Field(ge=0, le=2**40)
+    seconds: float = Field(gt=0, le=86400, allow_inf_nan=False)
 
 
 class InstalledRequest(_Wire):

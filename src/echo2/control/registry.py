@@ -46,6 +46,8 @@ class WorkerInfo:
     """Registered and healthy but given no leases (the scheduler's reserve)."""
     provided: bool = False
     """Started by the provider under its offer's name: released through it, stopped when lost."""
+    secret_digest: bytes = b""
+    """SHA-256 of the credential issued at registration (control/identity.py); empty: none yet."""
     samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     """(time, trajectories/s) from heartbeats, for the scheduler's sliding window."""
 

@@ -5,7 +5,9 @@ in the buffer, whoever generated them. It measures how long it waited (learner i
 coordinator state measures when each published version ran on a fraction q of the live workers
 (T_bcast at q = 0.9 and q = 1, from the workers' install reports). Snapshots are signed with the
 learner's key (RUN_DIR/learner_key.pem unless `broadcast.key_file` names another) and disseminated
-as `[broadcast]` says (docs/architecture.md). Implements the `RolloutSource` seam
+as `[broadcast]` says (docs/architecture.md). Every accepted batch is journaled in
+RUN_DIR/accepted.jsonl (control/journal.py) and a checkpoint records the journal's offset, so a
+resumed learner puts back every record accepted since, and trains none twice. Implements the `RolloutSource` seam
 (learning/source.py); knows nothing of training.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import ssl
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -21,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from echo2.broadcast.chunks import load_or_create_key
-from echo2.config import Config
-from echo2.control import capacity
+from echo2.config import Config, ConfigError
+from echo2.control import capacity, identity, journal
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.scheduler import Scheduler
@@ -117,6 +120,10 @@ class RemoteRollout:
         ]
         self.idle = 0.0
         self.train = 0.0
+        self.journal = journal.Journal(run_dir / journal.NAME, epoch=self.state.epoch) if run_dir else None
+        self.state.journal = self.journal.accepted if self.journal is not None else None
+        self.held: list = []
+        """Replayed records newer than the resumed learner, put in the buffer as it reaches them."""
         self.offpolicy: dict[str, Any] = {}
         self.coordinator = Coordinator(
             self.state,
@@ -126,7 +133,12 @@ class RemoteRollout:
             status_extra=self.timings,
             uplink_bps=None if bc.uplink_mbps is None else bc.uplink_mbps * 1e6 / 8,
             stream_bps=None if bc.learner_stream_mbps is None else bc.learner_stream_mbps * 1e6 / 8,
+            ssl_context=_tls(ccfg.tls_cert, ccfg.tls_key),
+            any_relay_host=ccfg.any_relay_host,
         )
+        self.fingerprint = identity.fingerprint(self.state.public_key)
+        """What workers pin the learner's key by (`echo2 worker --learner-key`)."""
+        logger.info("learner key fingerprint: %s", self.fingerprint)
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
         self.url = self.coordinator.start(ccfg.host, ccfg.port)
@@ -147,6 +159,8 @@ class RemoteRollout:
                 f"{self.config.coordinator.wait_timeout}s "
                 f"(active workers: {self.active_workers()})"
             )
+        if self.journal is not None:
+            self.journal.taken(self.buffer.learner_version, [r.record_id for g in groups for r in g])
         with self.state.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
             stats = {"time/learner_wait": waited, **self._bcast_metrics()}
@@ -176,6 +190,10 @@ class RemoteRollout:
 
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
+        if self.held:
+            with self.state.lock:
+                self.held = journal.admit_held(self.buffer, self.held)
+                self.state.ready.notify_all()
 
     def flag(self, records, reason: str) -> list[str]:
         return self.state.flag(records, reason)
@@ -189,29 +207,47 @@ class RemoteRollout:
     def publish(self, snapshot: Snapshot) -> None:
         data = serialise(snapshot)
         self.state.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
+        if self.journal is not None:
+            self.journal.published(snapshot.version, self.state.epoch)
 
     def state_dict(self) -> dict[str, Any]:
         with self.state.lock:
             pending = list(self.state.reissue) + [
                 i for lease in self.state.leases.values() for i in lease.indices
             ]
-            return {
+            out = {
                 "next_prompt": self.state.next_index,
                 "reissue": pending,
                 "buffer": self.buffer.state_dict(),
+                "buffered": dict(self.state.ingestion.buffered),
+                "held": [r.to_dict() for r in self.held],
             }
+            if self.journal is not None:
+                out["journal_offset"] = self.journal.offset()
+        if self.journal is not None:
+            self.journal.sync()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from echo2.records import Trajectory
+
         with self.state.lock:
             self.state.next_index = state["next_prompt"]
             self.state.reissue.extend(state.get("reissue", []))
             self.buffer.load_state_dict(state["buffer"])
+            self.state.ingestion.buffered.update(state.get("buffered", {}))
+            self.held = [Trajectory.from_dict(d) for d in state.get("held", [])]
+            if self.journal is not None and "journal_offset" in state:
+                since = journal.accepted_since(self.journal.path, state["journal_offset"])
+                self.held += journal.replay(self.state.ingestion, since)
 
     def close(self) -> None:
         for hook in self.before_close:
             hook()
         self.state.close()
         self.coordinator.stop()
+        if self.journal is not None:
+            self.journal.close()
 
     # ------------------------------------------------------------------ measurements
     @property
@@ -266,3 +302,15 @@ class RemoteRollout:
                 if w.status is WorkerStatus.ACTIVE and not w.standby
             ),
         }
+
+
+def _tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The coordinator's TLS context from coordinator.tls_cert / tls_key (None: plain HTTP)."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(Path(cert).expanduser(), Path(key).expanduser())
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"coordinator.tls_cert / tls_key: cannot load {cert}, {key}: {e}") from None
+    return context

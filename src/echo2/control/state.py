@@ -15,6 +15,7 @@ overridden by a subclass that wraps them (the broadcast benchmark records their 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import public_key_hex
+from echo2.control import identity
 from echo2.control.broadcast import (
     BroadcastPolicy,
     BroadcastState,
@@ -31,7 +33,17 @@ from echo2.control.broadcast import (
     WrongSnapshot,
     make_blob,
 )
-from echo2.control.errors import Invalid, InvalidBatch, LeaseLimit, NoSnapshot, Quarantined, Reason, Refused
+from echo2.control.errors import (
+    Invalid,
+    InvalidBatch,
+    LeaseLimit,
+    NoSnapshot,
+    Quarantined,
+    Reason,
+    Refused,
+    Unauthorized,
+    UnknownWorker,
+)
 from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.integrity import Integrity
 from echo2.control.leases import Lease, Leases, Limits
@@ -86,6 +98,7 @@ class CoordinatorState:
         max_groups_per_lease: int = 1024,
         quarantine_after: int = 3,
         purge_after: float = 600.0,
+        journal: Callable[[list[Trajectory], dict[str, int]], None] | None = None,
     ) -> None:
         self.clock = clock
         self.referee = referee
@@ -121,6 +134,12 @@ class CoordinatorState:
         """Snapshot versions kept (S + 1; set by the learner at each publication)."""
         self.published_version = -1
         self.closed = False
+        self.epoch = secrets.token_hex(8)
+        """This start of the coordinator: workers that see it change drop versions it never published."""
+        self.journal = journal
+        """Called under the lock with the records of every accepted batch and the prompt index of
+        each of their groups, before the acknowledgement (control/journal.py: the log a resumed
+        learner replays)."""
 
     # ------------------------------------------------------------------ the parts' fields, as before
     # Callers written before the split (the learner's RemoteRollout, tests, benchmarks) read these.
@@ -162,6 +181,27 @@ class CoordinatorState:
                 provided=provided,
                 now=self.clock(),
             )
+
+    def issue_credential(self, worker_id: str) -> str:
+        """A new credential for a registered worker (replacing any earlier one); returned once."""
+        secret = identity.new_secret()
+        with self.lock:
+            self.registry.workers[worker_id].secret_digest = identity.digest(secret)
+        return identity.credential(worker_id, secret)
+
+    def authenticate(self, credential: str) -> str:
+        """The worker id a credential proves (Unauthorized if it proves none; UnknownWorker if its
+        worker is not registered here, e.g. after a restart, so the worker registers again)."""
+        worker_id, secret = identity.split(credential)
+        if not worker_id:
+            raise Unauthorized("missing or wrong bearer token")
+        with self.lock:
+            info = self.registry.workers.get(worker_id)
+            if info is None:
+                raise UnknownWorker(f"worker {worker_id!r} is not registered; register again")
+            if not identity.matches(secret, info.secret_digest):
+                raise Unauthorized(f"wrong credential for worker {worker_id!r}")
+        return worker_id
 
     def _worker(self, worker_id: str) -> WorkerInfo:
         return self.registry.get(worker_id, self.clock())
@@ -278,6 +318,8 @@ class CoordinatorState:
                     raise InvalidBatch(problem.reason, problem.detail)
         with self.lock:
             self._worker(worker_id)
+            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+            lease = self.ingestion.leases.get(lease_id)
             try:
                 out = self.ingestion.ingest(
                     worker_id, lease_id, records, published_version=self.published_version
@@ -285,6 +327,9 @@ class CoordinatorState:
             except Refused as e:
                 self._strike(worker_id, e.reason)
                 raise
+            if out["accepted"] and self.journal is not None:  # all fresh records were stored
+                prompt_of = {self.ingestion.group_id_of(i): i for i in lease.indices}
+                self.journal(fresh, {r.group_id: prompt_of[r.group_id] for r in fresh})
             if out["accepted"]:
                 self.integrity.stored(worker_id, {r.group_id for r in records})
                 self.ready.notify_all()
@@ -349,7 +394,7 @@ class CoordinatorState:
         with self.lock:
             self._worker(worker_id)
             try:
-                return self.bcast.route(worker_id, version, self.registry.peers())
+                return self.bcast.route(worker_id, version, self.registry.peers(), self.clock())
             except NotKept:
                 raise NoSnapshot(f"version {version} is not kept") from None
 
@@ -389,6 +434,15 @@ class CoordinatorState:
                 raise Invalid(Reason.WRONG_SNAPSHOT, str(e)) from None
             info.version = max(info.version, version)
             self.bcast.evict(self.keep, self.registry.peers())
+
+    def report_sent(
+        self, parent_id: str | None, version: int, child_id: str, nbytes: int, seconds: float
+    ) -> None:
+        """A parent's account of a stream it served (None: the learner's own, from the HTTP layer)."""
+        with self.lock:
+            if parent_id is not None:
+                self._worker(parent_id)
+            self.bcast.sent(parent_id, version, child_id, nbytes, seconds, self.clock())
 
     def record_bytes_served(self, n: int) -> None:
         with self.lock:

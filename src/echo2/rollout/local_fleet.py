@@ -51,6 +51,8 @@ class LocalFleet:
         self.worker_threads = max(1, cores // (share + 1))
         self.learner_threads = max(1, cores - self.worker_threads * min(share, self.initial or 1))
         self.url = self.token = None
+        self.learner_key = self.ca_file = None
+        """The learner key's fingerprint the workers pin, the CA of an https coordinator."""
         self._lock = threading.Lock()  # the scheduler calls in from the coordinator's thread
         self._closed = False
 
@@ -64,6 +66,9 @@ class LocalFleet:
     def start(self, source) -> None:
         """Called once the coordinator listens: start the initial slots."""
         self.url, self.token = source.url, source.token
+        self.learner_key = getattr(source, "fingerprint", None)
+        config = getattr(source, "config", None)
+        self.ca_file = config.coordinator.tls_cert if config is not None else None
         order = sorted(self.slots.values(), key=lambda s: (s.offer.rho, s.offer.name))
         for slot in order[: self.initial]:
             self.start_slot(slot.offer.name)
@@ -86,6 +91,10 @@ class LocalFleet:
         cmd += ["--inbound", "--relay-host", "127.0.0.1"]  # relays snapshots to a peer (chain mode)
         if self.emulate:
             cmd += ["--emulate", str(slot.offer.throughput)]
+        if self.learner_key:
+            cmd += ["--learner-key", self.learner_key]
+        if self.ca_file:  # a self-signed certificate is its own CA
+            cmd += ["--ca-file", self.ca_file]
         slot.proc = subprocess.Popen(cmd, env=env)
         slot.stopping = False
         logger.info("local provider: started %s (pid %d)", name, slot.proc.pid)

@@ -9,6 +9,13 @@ registers again, by one route (`rejoin`), whoever sees it first; `Released` stop
 prompts). Pushes are retried safely, since ingestion is idempotent. On stop it returns its lease.
 The engine runs in a thread so heartbeats keep flowing while it generates.
 
+Identity: the run token only registers; the reply's credential carries every later call. The
+learner's public key is pinned for the run: `learner_key` (a fingerprint) if given, else the key of
+the first registration; a different key at any later registration stops the worker (`KeyChanged`).
+A registration reply from a new epoch (the learner restarted, e.g. resumed from a checkpoint) makes
+the worker forget every snapshot it holds or receives and, if it runs a version the new learner has
+not published, stop leasing until it installs one the learner has.
+
 Snapshots arrive in a task of their own (`BroadcastClient.follow`: verified chunks from the parent
 the coordinator names, relayed to this worker's child with `inbound`) while the worker keeps
 generating with the version it has; a complete, verified snapshot is installed between two
@@ -30,9 +37,11 @@ from typing import TYPE_CHECKING
 
 from echo2.broadcast.client import BroadcastClient, client_for, sleep_unless
 from echo2.broadcast.relay import ChunkStore, RelayServer
+from echo2.control import identity
 from echo2.control.client import (
     CoordinatorClient,
     CoordinatorError,
+    Forbidden,
     Invalid,
     LeaseExpired,
     Released,
@@ -49,6 +58,7 @@ from echo2.control.protocol import (
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
+    SentRequest,
 )
 
 if TYPE_CHECKING:
@@ -82,6 +92,11 @@ class WorkerConfig:
     """Caps in Mbit/s; None takes the run's broadcast.worker_upload_mbps / worker_download_mbps."""
     fault_flip_byte: bool = False
     """TEST-ONLY fault injection: the relay corrupts every chunk it forwards."""
+    learner_key: str | None = None
+    """Fingerprint of the learner's public key (`echo2 learner` logs it); None: trust the first
+    key seen and never accept another."""
+    ca_file: str | None = None
+    """CA bundle to verify an https coordinator with (default: the system's)."""
 
     def __post_init__(self) -> None:
         if self.emulate is not None and not self.emulate > 0:
@@ -92,6 +107,10 @@ class RelayStartError(Exception):
     """The relay server could not listen where the flags say."""
 
 
+class KeyChanged(Exception):
+    """The coordinator presented a learner key other than the pinned one: the worker stops."""
+
+
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
@@ -100,7 +119,12 @@ class Worker:
         self.registration: RegisterResponse | None = None
         self.heartbeat_interval = 1.0
         self.store = ChunkStore()
-        self.relay = RelayServer(self.store, token=config.token, fault_flip_byte=config.fault_flip_byte)
+        self.relay = RelayServer(self.store, fault_flip_byte=config.fault_flip_byte)
+        self.relay.on_sent = self._on_sent
+        self.pinned_key: str | None = None
+        """The learner's public key for this run (hex), from the first registration."""
+        self.epoch: str | None = None
+        self._reports: set[asyncio.Task] = set()
         self.bcast: BroadcastClient | None = None
         self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
         self.lease_id: str | None = None
@@ -120,7 +144,7 @@ class Worker:
         retry = RetryPolicy(give_up_after=self.config.give_up_after)
         try:
             async with await CoordinatorClient.create(
-                self.config.url, self.config.token, retry=retry, stop=stop
+                self.config.url, self.config.token, retry=retry, stop=stop, ca_file=self.config.ca_file
             ) as self.coordinator:
                 await self._start_relay()
                 try:
@@ -153,7 +177,7 @@ class Worker:
         seen = self.worker_id
         try:
             await call()
-        except UnknownWorker as e:
+        except (UnknownWorker, Forbidden) as e:  # Forbidden: our credential is not (or no longer) valid
             await self.rejoin(seen, e)
         except Released as e:
             logger.info("released by the coordinator (%s); stopping", e.detail)
@@ -184,6 +208,7 @@ class Worker:
             relay_host=c.relay_advertise if self.relay.port is not None else None,
         )
         reply = await self.coordinator.register(req)
+        self._check_key(reply.public_key)
         self.registration, self.worker_id = reply, reply.worker_id
         self.heartbeat_interval = reply.heartbeat_interval
         if self.bcast is None:
@@ -197,7 +222,52 @@ class Worker:
                 download_mbps=c.download_mbps,
             )
         self.bcast.worker_id, self.bcast.public_key = reply.worker_id, reply.public_key
+        if self.epoch is not None and reply.epoch != self.epoch:
+            self.new_epoch(reply.published_version)
+        self.epoch = reply.epoch
         logger.info("registered as %s with %s", self.worker_id, c.url)
+
+    def _check_key(self, public_key: str) -> None:
+        given, pinned = self.config.learner_key, self.pinned_key
+        got = identity.fingerprint(public_key)
+        if given is not None and not identity.same_fingerprint(given, public_key):
+            raise KeyChanged(
+                f"learner key {got[:16]}... is not the one given (--learner-key {given[:16]}...)"
+            )
+        if pinned is not None and public_key != pinned:
+            raise KeyChanged(
+                f"learner key changed from {identity.fingerprint(pinned)[:16]}... to {got[:16]}... "
+                "at re-registration (restart the worker to trust a new run's key)"
+            )
+        self.pinned_key = public_key
+
+    def new_epoch(self, published_version: int) -> None:
+        """The learner restarted: what it published before may not be what it publishes now."""
+        logger.warning(
+            "the learner restarted (now at version %d); dropping version %d and every snapshot held",
+            published_version,
+            self.version,
+        )
+        self.bcast.rewind()
+        if self.engine is not None and self.engine.version > published_version:
+            self.engine.version = -1  # leases wait for a version this learner published
+
+    def _on_sent(self, version: int, child: str, nbytes: int, seconds: float) -> None:
+        """The relay's account of a stream it served, sent to the coordinator in the background."""
+        if self.worker_id is None or self.coordinator is None:
+            return
+        req = SentRequest(
+            worker_id=self.worker_id, version=version, child_id=child, bytes=nbytes, seconds=seconds
+        )
+        task = asyncio.ensure_future(self._report_sent(req))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report_sent(self, req: SentRequest) -> None:
+        try:
+            await self.coordinator.report_sent(req)
+        except (CoordinatorError, Unreachable, OSError) as e:
+            logger.debug("relay account of version %d not delivered: %r", req.version, e)
 
     async def rejoin(self, seen: str | None, refusal: CoordinatorError) -> None:
         """The one route back after an unknown-worker refusal of a call made as `seen`: register
@@ -279,7 +349,11 @@ class Worker:
         cfg = self.run_config
         max_groups = cfg.coordinator.groups_per_lease or cfg.rollout.prompts_per_step
         req = LeaseRequest(worker_id=self.worker_id, version=self.engine.version, max_groups=max_groups)
-        lease = await self.coordinator.lease(req)
+        try:
+            lease = await self.coordinator.lease(req)
+        except Invalid as e:  # e.g. a version this learner never published: wait to install one
+            logger.info("no lease: %s %s", e.reason, e.detail)
+            return False
         if lease is None:
             return False
         self.lease_id = lease.lease_id
