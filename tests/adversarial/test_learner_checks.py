@@ -52,9 +52,9 @@ def test_a_non_finite_step_is_not_applied(door: Door):
     overflowing or NaN log-ratio is already made finite by learning/corrections.py): the advantages
     and so the loss are not finite, the step is skipped and every weight stays as it was."""
     groups = door.generate([0, 1])
-    poisoned = [
-        [dataclasses.replace(r, reward=float("nan")) for r in g] for g in groups
-    ]
+    poisoned = [[copy.copy(r) for r in g] for g in groups]
+    for r in (r for g in poisoned for r in g):  # Trajectory refuses a NaN reward: go around it
+        object.__setattr__(r, "reward", float("nan"))
     weights = copy.deepcopy(door.model.state_dict())
     stats = train_step(door.model, door.optimizer, poisoned, door.config, pad_id=0, temperature=1.0)
     assert stats["train/skipped_step"] == 1.0
