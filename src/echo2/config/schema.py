@@ -310,6 +310,13 @@ class RunConfig(_Section):
     """Save a checkpoint every N steps (0: only at the end)."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads; default: all cores."""
+    report_to: list[Literal["tensorboard", "wandb"]] = []
+    """Experiment trackers beside metrics.jsonl: "tensorboard" (RUN_DIR/tensorboard), "wandb"
+    (RUN_DIR/wandb; offline unless WANDB_MODE or an API key says otherwise). Extra `track`."""
+    samples_per_step: int = Field(4, ge=0)
+    """Completions per step written to RUN_DIR/samples.jsonl and to the trackers as a table."""
+    wandb_project: str = "echo2"
+    """W&B project of the run (report_to = ["wandb"])."""
 
 
 class Config(_Section):

@@ -24,8 +24,9 @@ from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
-from echo2.control import errors
+from echo2.control import errors, prom, status_page
 from echo2.control.errors import Reason, Refused, Unreadable
+from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
     FailureRequest,
@@ -74,6 +75,11 @@ def refusal(error: Refused) -> web.Response:
     return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
 
 
+def _tagged(record: dict[str, Any], tag: dict[str, str]) -> dict[str, Any]:
+    """The record with the coordinator's own word on who generated it (samples.jsonl shows it)."""
+    return {**record, "metadata": {**(record.get("metadata") or {}), **tag}}
+
+
 class Coordinator:
     def __init__(
         self,
@@ -106,10 +112,15 @@ class Coordinator:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._expiry: asyncio.Task | None = None
+        self.told: set[str] = set()
+        """Workers answered `run_finished` (RemoteRollout.close waits for the live ones)."""
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body, middlewares=[self._guard])
+        app = web.Application(
+            client_max_size=self.max_body,
+            middlewares=[status_page.middleware(lambda: self.token), self._guard, self._finished],
+        )
         app.add_routes(
             [
                 web.post(f"{API}/register", self.register),
@@ -126,6 +137,8 @@ class Coordinator:
                 web.post(f"{API}/broadcast/failure", self.failure),
                 web.post(f"{API}/broadcast/installed", self.installed),
                 web.get("/status", self.status),
+                web.get("/metrics", self.metrics),
+                *status_page.routes(),
             ]
         )
         return app
@@ -150,6 +163,20 @@ class Coordinator:
             return _error(413, "too_large", f"body over {self.max_body} bytes")
         except TimeoutError:
             return _error(503, "timeout", f"handler took over {HANDLER_TIMEOUT}s")
+
+    @web.middleware
+    async def _finished(self, request: web.Request, handler) -> web.StreamResponse:
+        """Once the run is over (state closed), every worker call is answered 410 `run_finished`,
+        so workers stop (exit 0) instead of retrying a learner that is gone; `told` keeps who heard."""
+        if not (self.state.closed and request.method == "POST" and request.path.startswith(API + "/")):
+            return await handler(request)
+        try:
+            worker_id = json.loads(await request.read()).get("worker_id")
+        except (ValueError, AttributeError, web.HTTPRequestEntityTooLarge):
+            worker_id = None
+        if isinstance(worker_id, str):
+            self.told.add(worker_id)
+        return _error(410, "run_finished", "the learner finished this run; stop")
 
     @staticmethod
     async def _body(request: web.Request, model):
@@ -212,8 +239,10 @@ class Coordinator:
         except (ValidationError, Refused):
             self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
+        pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
+        tag = {"worker": pusher.name if pusher is not None else req.worker_id}
         try:
-            records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
+            records = [Trajectory.from_dict(_tagged(r.model_dump(), tag)) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
             self.state.count_rejected(e.reason, len(req.records))
             raise errors.InvalidBatch(e.reason, str(e)) from None
@@ -328,10 +357,18 @@ class Coordinator:
         self.state.report_installed(req.worker_id, req.version, req.sha256, transfers)
         return web.json_response({"ok": True})
 
-    async def status(self, request: web.Request) -> web.Response:
+    def full_status(self) -> dict[str, Any]:
         body = self.state.status()
         body.update(self.status_extra())
-        return web.json_response(body)
+        body["clock"] = self.state.clock()  # the time base of `scheduler_decisions`
+        return body
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.full_status())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The status in the Prometheus text format (control/prom.py)."""
+        return web.Response(body=exposition(self.full_status), headers={"Content-Type": prom.CONTENT_TYPE})
 
     # ------------------------------------------------------------------ lifecycle (own thread)
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:

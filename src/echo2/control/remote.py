@@ -16,12 +16,13 @@ import os
 import secrets
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from echo2.broadcast.chunks import load_or_create_key
-from echo2.config import Config
+from echo2.config import Config, ConfigError
 from echo2.control import capacity
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
@@ -29,6 +30,7 @@ from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits, WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
+from echo2.preflight import bind_message
 from echo2.records import Snapshot
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,11 @@ class RemoteRollout:
             signing_key=load_or_create_key(key_file),
         )
         self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
+        self.token_origin = (
+            "coordinator.token" if ccfg.token else "$ECHO2_TOKEN" if os.environ.get("ECHO2_TOKEN") else None
+        )
+        """Where the token came from (never printed then); None: generated, written to
+        RUN_DIR/coordinator.token (mode 0600)."""
         worker_view = config.model_dump(
             mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
         )
@@ -102,6 +109,8 @@ class RemoteRollout:
         ]
         self.idle = 0.0
         self.train = 0.0
+        self.consumed_staleness: Counter[int] = Counter()
+        """Records trained on by staleness, this process's share of the run (GET /status, /ui)."""
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -111,14 +120,23 @@ class RemoteRollout:
             uplink_bps=None if bc.uplink_mbps is None else bc.uplink_mbps * 1e6 / 8,
             stream_bps=None if bc.learner_stream_mbps is None else bc.learner_stream_mbps * 1e6 / 8,
         )
+        self.token_file: Path | None = None
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
-        self.url = self.coordinator.start(ccfg.host, ccfg.port)
+        try:
+            self.url = self.coordinator.start(ccfg.host, ccfg.port)
+        except OSError as e:  # the port is taken, the address is not this host's
+            raise ConfigError(bind_message(ccfg.host, ccfg.port, e)) from None
         if run_dir is not None:
             # Where workers find the learner when coordinator.port = 0 let the OS pick the port.
             tmp = run_dir / "coordinator.url.tmp"
             tmp.write_text(self.url + "\n")
             tmp.replace(run_dir / "coordinator.url")
+            if self.token_origin is None:
+                self.token_file = run_dir / "coordinator.token"
+                fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.token + "\n")
 
     # ------------------------------------------------------------------ RolloutSource
     def next_groups(self, num_groups: int):
@@ -133,6 +151,7 @@ class RemoteRollout:
             )
         with self.state.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
+            self.consumed_staleness.update(staleness)
             stats = {"time/learner_wait": waited, **self._bcast_metrics()}
         return groups, staleness, stats
 
@@ -185,7 +204,19 @@ class RemoteRollout:
         for hook in self.before_close:
             hook()
         self.state.close()
+        self._tell_workers()
         self.coordinator.stop()
+
+    def _tell_workers(self) -> None:
+        """Keep answering until every live worker has heard `run_finished` (each does at its next
+        heartbeat), for at most two heartbeat intervals and a second: then they exit 0 by themselves."""
+        deadline = time.monotonic() + 2 * self.config.coordinator.heartbeat_interval + 1.0
+        while time.monotonic() < deadline:
+            with self.state.lock:
+                live = {w.worker_id for w in self.state.workers.values() if w.status is WorkerStatus.ACTIVE}
+            if live <= self.coordinator.told:
+                return
+            time.sleep(0.05)
 
     # ------------------------------------------------------------------ measurements
     def target_throughput(self) -> float | None:
@@ -222,6 +253,7 @@ class RemoteRollout:
             ),
             "broadcast_mode": self.config.broadcast.mode,
             "learner_idle_s": self.idle,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.consumed_staleness.items())},
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),
             "scheduler_decisions": list(self.state.decisions),
