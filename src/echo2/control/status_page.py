@@ -52,7 +52,7 @@ def middleware(token: Callable[[], str]):
         return hmac.compare_digest(cookie.encode(), session_value(token()).encode())
 
     def welcome() -> web.Response:
-        resp = web.HTTPFound(PAGE)
+        resp = web.Response(status=302, headers={"Location": PAGE})
         resp.set_cookie(COOKIE, session_value(token()), httponly=True, samesite="Strict", path="/")
         return resp
 
