@@ -58,16 +58,42 @@ def check_model_source(config: Config) -> None:
         if not (local / "config.json").is_file():
             raise ConfigError(f"model.path: {local}: no model directory (expected {local}/config.json)")
         return
-    if raw.startswith(("/", ".", "~")) or not HUB_ID.match(raw):
+    if raw.startswith(("/", ".", "~")) or not HUB_ID.match(raw) or Path(raw.split("/")[0]).is_dir():
         raise ConfigError(f"model.path: {local}: no such directory")
-    if _offline():
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
-        if not isinstance(try_to_load_from_cache(raw, "config.json"), str):
-            raise ConfigError(
-                f"model.path: {raw}: no such local directory, and not in the hub cache "
-                "(HF_HUB_OFFLINE is set, so it cannot be downloaded)"
-            )
+    if isinstance(try_to_load_from_cache(raw, "config.json"), str):
+        return  # in the local hub cache
+    if _offline():
+        raise ConfigError(
+            f"model.path: {raw}: no such local directory, and not in the hub cache "
+            "(HF_HUB_OFFLINE is set, so it cannot be downloaded)"
+        )
+    endpoint = hub_endpoint()
+    if not reachable(endpoint):
+        raise ConfigError(
+            f"model.path: {raw}: no such local directory, and the hub ({endpoint}) cannot be reached "
+            "to download it"
+        )
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def reachable(url: str, timeout: float = 3.0) -> bool:
+    """A TCP connection to the URL's host and port opens within `timeout` (no retries)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _offline() -> bool:

@@ -53,6 +53,8 @@ STREAMS = {"chunks", "snapshot_data"}
 """Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
 WRITE_TIMEOUT = 60.0
 LONG_POLL_MAX = 25.0
+STOPS_WORKER = {f"{API}/{name}" for name in ("register", "heartbeat", "lease", "trajectories")}
+"""Calls on which a worker acts on `run_finished` by stopping (the broadcast client's just retry)."""
 
 
 STATUS: dict[type[Refused], int] = {
@@ -174,7 +176,7 @@ class Coordinator:
             worker_id = json.loads(await request.read()).get("worker_id")
         except (ValueError, AttributeError, web.HTTPRequestEntityTooLarge):
             worker_id = None
-        if isinstance(worker_id, str):
+        if isinstance(worker_id, str) and request.path in STOPS_WORKER:
             self.told.add(worker_id)
         return _error(410, "run_finished", "the learner finished this run; stop")
 
