@@ -26,6 +26,9 @@ from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
+WARN_EVERY = 25
+"""Steps without reward variance in a row between two warnings."""
+
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "version", "worker")
 
 _PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -82,6 +85,7 @@ class Tracker:
             self.samples_path.write_text("".join(line + "\n" for line in kept))
         self._samples = self.samples_path.open("a")
         self.tb = self.wandb = None
+        self._flat_steps = 0
         if "tensorboard" in config.run.report_to:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -100,12 +104,16 @@ class Tracker:
             logger.info("wandb: %s run in %s", mode, self.wandb.dir)
 
     def log_step(self, step: int, row: dict[str, Any], groups: list[list[Trajectory]]) -> None:
-        if row.get("reward/zero_std_fraction") == 1.0:
+        flat = row.get("reward/zero_std_fraction") == 1.0
+        self._flat_steps = self._flat_steps + 1 if flat else 0
+        if flat and self._flat_steps % WARN_EVERY == 1:  # the first such step, then every 25th in a row
             logger.warning(
-                "step %d: every group's rewards are equal (mean %.3f), so GRPO has no gradient; "
-                "a task with more varied rewards, larger groups or a higher temperature would help",
+                "step %d: every group's rewards are equal (mean %.3f), so GRPO has no gradient "
+                "(%d step(s) in a row); a task with more varied rewards, larger groups or a higher "
+                "temperature would help",
                 step,
                 row.get("reward/mean", float("nan")),
+                self._flat_steps,
             )
         scalars = {k: float(v) for k, v in row.items() if isinstance(v, int | float) and math.isfinite(v)}
         samples = [self._sample(step, r) for r in pick_samples(groups, self.count)]

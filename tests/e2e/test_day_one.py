@@ -289,3 +289,39 @@ def test_with_local_workers_the_token_is_in_a_private_file(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert f"token: in {token_file}" in out and token_file.read_text().strip() not in out
     assert preflight.holds_run(run_dir)
+
+
+def test_lora_run_exports_merged_and_as_a_peft_adapter(tmp_path, capsys):
+    """A LoRA run leaves RUN_DIR/hf (merged); `echo2 export --adapter` writes a peft adapter over a
+    base shipped beside it (the tiny base exists nowhere else); both generate the learner's tokens."""
+    from safetensors.torch import load_model as load_weights
+    from transformers import AutoModelForCausalLM
+
+    from echo2.config import build_config, read_toml
+    from echo2.learning.lora import apply_lora
+    from echo2.models import load_model, load_tokenizer
+
+    run_dir = tmp_path / "lora"
+    sys.path.insert(0, str(HERE))
+    try:
+        args = ["run", TINY, *TOY, f"--run.dir={run_dir}", "--learner.steps=2", "--learner.lr=5e-2"]
+        assert main([*args, "--learner.lora.rank=4", "--run.eval_size=0", "-q"]) == 0
+    finally:
+        sys.path.remove(str(HERE))
+    config = build_config(read_toml(run_dir / "config.toml"))
+    tokenizer = load_tokenizer(config.model)
+    base = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed).eval()
+    ids = tokenizer("Count the vowels: banana", return_tensors="pt").input_ids
+    learner = apply_lora(
+        load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed), config.learner.lora
+    )
+    load_weights(learner, str(run_dir / "checkpoint" / "model.safetensors"))
+    expected = _greedy(learner.eval(), ids)
+
+    assert main(["export", str(run_dir), str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    for where in (run_dir / "hf", tmp_path / "adapter"):
+        model = AutoModelForCausalLM.from_pretrained(where).eval()
+        assert _greedy(model, ids) == expected, where
+    logits = learner(ids).logits
+    assert not torch.allclose(logits, base(ids).logits), "the adapter changed the policy"
