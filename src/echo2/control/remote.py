@@ -19,6 +19,7 @@ import secrets
 import ssl
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits, WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
+from echo2.preflight import bind_message
 from echo2.records import Snapshot
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,11 @@ class RemoteRollout:
             signing_key=load_or_create_key(key_file),
         )
         self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
+        self.token_origin = (
+            "coordinator.token" if ccfg.token else "$ECHO2_TOKEN" if os.environ.get("ECHO2_TOKEN") else None
+        )
+        """Where the token came from (never printed then); None: generated, written to
+        RUN_DIR/coordinator.token (mode 0600)."""
         worker_view = config.model_dump(
             mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
         )
@@ -125,6 +132,8 @@ class RemoteRollout:
         self.held: list = []
         """Replayed records newer than the resumed learner, put in the buffer as it reaches them."""
         self.offpolicy: dict[str, Any] = {}
+        self.consumed_staleness: Counter[int] = Counter()
+        """Records trained on by staleness, this process's share of the run (GET /status, /ui)."""
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -139,14 +148,23 @@ class RemoteRollout:
         self.fingerprint = identity.fingerprint(self.state.public_key)
         """What workers pin the learner's key by (`echo2 worker --learner-key`)."""
         logger.info("learner key fingerprint: %s", self.fingerprint)
+        self.token_file: Path | None = None
         self.before_close: list = []
         """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
-        self.url = self.coordinator.start(ccfg.host, ccfg.port)
+        try:
+            self.url = self.coordinator.start(ccfg.host, ccfg.port)
+        except OSError as e:  # the port is taken, the address is not this host's
+            raise ConfigError(bind_message(ccfg.host, ccfg.port, e)) from None
         if run_dir is not None:
             # Where workers find the learner when coordinator.port = 0 let the OS pick the port.
             tmp = run_dir / "coordinator.url.tmp"
             tmp.write_text(self.url + "\n")
             tmp.replace(run_dir / "coordinator.url")
+            if self.token_origin is None:
+                self.token_file = run_dir / "coordinator.token"
+                fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.token + "\n")
 
     # ------------------------------------------------------------------ RolloutSource
     def next_groups(self, num_groups: int):
@@ -163,6 +181,7 @@ class RemoteRollout:
             self.journal.taken(self.buffer.learner_version, [r.record_id for g in groups for r in g])
         with self.state.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
+            self.consumed_staleness.update(staleness)
             stats = {"time/learner_wait": waited, **self._bcast_metrics()}
         return groups, staleness, stats
 
@@ -245,9 +264,21 @@ class RemoteRollout:
         for hook in self.before_close:
             hook()
         self.state.close()
+        self._tell_workers()
         self.coordinator.stop()
         if self.journal is not None:
             self.journal.close()
+
+    def _tell_workers(self) -> None:
+        """Keep answering until every live worker has heard `run_finished` (each does at its next
+        heartbeat), for at most two heartbeat intervals and a second: then they exit 0 by themselves."""
+        deadline = time.monotonic() + 2 * self.config.coordinator.heartbeat_interval + 1.0
+        while time.monotonic() < deadline:
+            with self.state.lock:
+                live = {w.worker_id for w in self.state.workers.values() if w.status is WorkerStatus.ACTIVE}
+            if live <= self.coordinator.told:
+                return
+            time.sleep(0.05)
 
     # ------------------------------------------------------------------ measurements
     @property
@@ -293,6 +324,7 @@ class RemoteRollout:
             "broadcast_mode": self.config.broadcast.mode,
             "offpolicy": dict(self.offpolicy),
             "learner_idle_s": self.idle,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.consumed_staleness.items())},
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),
             "scheduler_decisions": list(self.state.decisions),

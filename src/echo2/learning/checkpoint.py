@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +65,17 @@ def save_checkpoint(
     state: LearnerState,
     source_state: dict[str, Any],
     config_toml: str,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
+    """`extra(dir)` adds files to the new checkpoint before it is swapped in (the Hugging Face
+    config and tokenizer files that make a full model's checkpoint loadable by from_pretrained)."""
     final = run_dir / "checkpoint"
     tmp = run_dir / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
+    if extra is not None:
+        extra(tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({**state.to_json(), "source": source_state}))
     (tmp / "config.toml").write_text(config_toml)

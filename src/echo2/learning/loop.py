@@ -25,6 +25,7 @@ from tqdm import tqdm
 from echo2.config import Config, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
+from echo2.export import save_merged, write_hf_files
 from echo2.learning import distributed
 from echo2.learning.checkpoint import LearnerState, load_checkpoint, save_checkpoint
 from echo2.learning.device import place, snapshot_state
@@ -34,9 +35,11 @@ from echo2.learning.step import make_optimizer, train_step
 from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.models import load_model, load_tokenizer
+from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot
 from echo2.rollout.collect import evaluate
 from echo2.rollout.vllm_engine import make_engine
+from echo2.tracking import Tracker, signal_stats
 
 logger = logging.getLogger(__name__)
 
@@ -92,51 +95,53 @@ def run(
     if resume:
         state, source_state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
         logger.info("resumed %s at step %d (version %d)", run_dir, state.step, state.version)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_toml = dump_toml(config)
-    (run_dir / "config.toml").write_text(config_toml)
+    # ---- the run directory, the rollout source (a coordinator binds its port): a failure here
+    # removes the run directory again if this start created it
+    with removed_on_failure(run_dir):
+        config_toml = dump_toml(config)
+        (run_dir / "config.toml").write_text(config_toml)
 
-    # ---- the rollout source, the metrics file
-    engine = make_engine(
-        rcfg,
-        model=engine_copy(model),
-        tokenizer=tokenizer,
-        version=state.version,
-        seed=config.run.seed,
-        dtype="bfloat16" if lcfg.dtype == "bf16" else "float32",  # the dtype snapshots arrive in
-        adapters=lcfg.lora is not None,
-    )
-    if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
-        engine.install(make_snapshot(model, state.version, lcfg))
-    model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
-    buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
-    buffer.set_learner_version(state.version)
-    source = make_source(
-        config,
-        spec=source_spec or SourceSpec(),
-        task=task,
-        buffer=buffer,
-        engine=engine,
-        vocab_size=len(tokenizer),
-        run_dir=run_dir,
-        tokenizer=tokenizer,
-    )
-    if source_state is not None:
-        source.load_state_dict(source_state)
-    if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
-        # the scheduler sizes the pool from T_train before the first step can be timed
-        from echo2.learning.calibrate import time_train_step
-
-        source.t_train_hint = time_train_step(
-            model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
+        engine = make_engine(
+            rcfg,
+            model=engine_copy(model),
+            tokenizer=tokenizer,
+            version=state.version,
+            seed=config.run.seed,
+            dtype="bfloat16" if lcfg.dtype == "bf16" else "float32",  # the dtype snapshots arrive in
+            adapters=lcfg.lora is not None,
         )
-        logger.info("calibration step: T_train about %.2fs", source.t_train_hint)
+        if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
+            engine.install(make_snapshot(model, state.version, lcfg))
+        model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
+        buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
+        buffer.set_learner_version(state.version)
+        source = make_source(
+            config,
+            spec=source_spec or SourceSpec(),
+            task=task,
+            buffer=buffer,
+            engine=engine,
+            vocab_size=len(tokenizer),
+            run_dir=run_dir,
+            tokenizer=tokenizer,
+        )
+        if source_state is not None:
+            source.load_state_dict(source_state)
+        if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
+            # the scheduler sizes the pool from T_train before the first step can be timed
+            from echo2.learning.calibrate import time_train_step
+
+            source.t_train_hint = time_train_step(
+                model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
+            )
+            logger.info("calibration step: T_train about %.2fs", source.t_train_hint)
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
         kept = [r for r in read_metrics(metrics_path) if r["step"] < state.step]
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     metrics = MetricsWriter(metrics_path)
+    tracker = Tracker(config, run_dir, tokenizer, resume_step=state.step if resume else None)
 
     def save() -> None:
         full_model, full_optimizer = distributed.for_checkpoint(model, optimizer)
@@ -147,6 +152,7 @@ def run(
             state=state,
             source_state=source.state_dict(),
             config_toml=config_toml,
+            extra=None if is_lora(model) else lambda d: write_hf_files(model, tokenizer, d),
         )
 
     try:
@@ -206,6 +212,7 @@ def run(
             source.record_train_time(t2 - t1)
 
             records = [r for g in groups for r in g]
+            rollout_stats |= signal_stats(groups)
             state.staleness.update(staleness)
             row = {
                 "step": step,
@@ -228,10 +235,14 @@ def run(
                 row |= evaluate_now(engine, current, published, task, eval_prompts, config)
             metrics.write(row)
             source.record_metrics(row)
+            tracker.log_step(step, row, groups)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
                 save()
         extra = source.timings()
+    except BaseException:
+        tracker.close()
+        raise
     finally:
         metrics.close()
         source.close()
@@ -242,6 +253,8 @@ def run(
         evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
     )
     save()
+    if is_lora(model):  # the checkpoint holds the peft-wrapped policy; hf/ the merged model
+        save_merged(model, tokenizer, run_dir / "hf")
     distributed.stop()
     summary = {
         "steps": state.step,
@@ -253,6 +266,7 @@ def run(
         **extra,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    tracker.close(summary)
     if eval_after:
         logger.info(
             "held-out accuracy: before %.3f, after %.3f",

@@ -180,7 +180,10 @@ class Worker:
         except (UnknownWorker, Forbidden) as e:  # Forbidden: our credential is not (or no longer) valid
             await self.rejoin(seen, e)
         except Released as e:
-            logger.info("released by the coordinator (%s); stopping", e.detail)
+            if e.reason == "run_finished":
+                logger.info("the run is over (run_finished); stopping")
+            else:
+                logger.info("released by the coordinator (%s); stopping", e.detail)
             stop.set()
 
     async def _heartbeat_forever(self, stop: asyncio.Event) -> None:

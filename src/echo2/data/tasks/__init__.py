@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 from echo2.config import ArithmeticTaskConfig, ConfigError, CustomTaskConfig, MathTaskConfig
 from echo2.data.tasks.base import Task
@@ -19,6 +21,9 @@ def make_task(config: ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, 
         return MathTask(config, seed=seed)
     elif config.type == "custom":
         module, _, name = config.factory.partition(":")
+        for folder in reversed(config.pythonpath):  # the config file's directory, then the environment
+            if Path(folder).is_dir() and folder not in sys.path:
+                sys.path.insert(0, folder)
         try:
             factory = importlib.import_module(module)
             for part in name.split("."):

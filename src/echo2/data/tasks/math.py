@@ -1,4 +1,5 @@
-"""Math word problems from a JSONL or Parquet file, answers checked with math-verify.
+"""Math word problems from a local file (JSONL, or through `datasets`: Parquet, Arrow, CSV, JSON;
+rows.py), answers checked with math-verify.
 
 Rows are validated when the task is built: a missing field or a bad row raises `TaskFileError`
 naming the file, the line (row) and the field, before any model is loaded.
@@ -6,67 +7,24 @@ naming the file, the line (row) and the field, before any model is loaded.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
-from typing import Any
 
-from echo2.config import ConfigError, MathTaskConfig
+from echo2.config import MathTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
+from echo2.data.tasks.rows import TaskFileError, read_rows
 
-SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
-
-
-class TaskFileError(ConfigError):
-    """A task data file the user must fix; the message names file, line and field."""
-
-
-def read_rows(path: str | Path, *, question_field: str, answer_field: str) -> list[tuple[str, str]]:
-    """(question, answer) pairs; line numbers are 1-based (JSONL line, or Parquet row + 1)."""
-    path = Path(path)
-    if not path.is_file():
-        raise TaskFileError(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        raw: list[tuple[int, Any]] = list(enumerate(pq.read_table(path).to_pylist(), start=1))
-    else:
-        raw = []
-        with path.open() as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    raw.append((lineno, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise TaskFileError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
-    rows = []
-    for lineno, row in raw:
-        if not isinstance(row, dict):
-            raise TaskFileError(f"{path}:{lineno}: row is not an object")
-        values = []
-        for fld in (question_field, answer_field):
-            if fld not in row:
-                raise TaskFileError(f"{path}:{lineno}: missing field {fld!r}")
-            value = row[fld]
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, str | int | float)
-                or str(value).strip() == ""
-            ):
-                raise TaskFileError(f"{path}:{lineno}: field {fld!r} must be a non-empty string or number")
-            values.append(str(value))
-        rows.append((values[0], values[1]))
-    if not rows:
-        raise TaskFileError(f"{path}: no rows")
-    return rows
+__all__ = ["MathTask", "TaskFileError", "read_rows"]
 
 
 class MathTask:
     def __init__(self, config: MathTaskConfig, *, seed: int) -> None:
         self.config = config
         self.seed = seed
-        fields = {"question_field": config.question_field, "answer_field": config.answer_field}
+        fields = {
+            "question_field": config.question_field,
+            "answer_field": config.answer_field,
+            "template": config.prompt_template,
+        }
         rows = read_rows(config.train_file, **fields)
         if config.eval_file:
             self.train_rows, self.eval_rows = rows, read_rows(config.eval_file, **fields)
@@ -81,7 +39,10 @@ class MathTask:
     def _prompt(self, split: str, i: int, question: str, answer: str) -> Prompt:
         return Prompt(
             group_id=stable_id("math", split, i),
-            messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": question}),
+            messages=(
+                {"role": "system", "content": self.config.system_prompt},
+                {"role": "user", "content": question},
+            ),
             answer=answer,
         )
 
