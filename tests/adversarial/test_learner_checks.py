@@ -4,7 +4,6 @@ strike their worker; a step whose loss or gradient is not finite is never applie
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import torch
 from hostile import PROMPTS, Door, HostileWorker
