@@ -39,21 +39,22 @@ def coord():
     server.stop()
 
 
-def post(server, path, body):
+def post(server, path, body, credential: str = TOKEN):
     import json
 
     req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Authorization", f"Bearer {TOKEN}")
+    req.add_header("Authorization", f"Bearer {credential}")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
 
 
 def populate(server, state) -> None:
     """Two workers (one named like markup), a snapshot, a lease, one accepted and one refused push."""
-    alpha = post(server, "/v1/register", {"name": "alpha", "price_per_hour": 0.35})["worker_id"]
+    reply = post(server, "/v1/register", {"name": "alpha", "price_per_hour": 0.35})
+    alpha, own = reply["worker_id"], reply["credential"]  # a worker's calls carry its own credential
     post(server, "/v1/register", {"name": "<b>beta</b>", "price_per_hour": 3.06})
     state.publish(0, b"weights-v0", keep=2)
-    lease = post(server, "/v1/lease", {"worker_id": alpha, "version": 0, "max_groups": 1})
+    lease = post(server, "/v1/lease", {"worker_id": alpha, "version": 0, "max_groups": 1}, own)
     gid = f"g{lease['indices'][0]}"
     good = [
         {
@@ -68,10 +69,17 @@ def populate(server, state) -> None:
         }
         for i in range(2)
     ]
-    post(server, "/v1/trajectories", {"worker_id": alpha, "lease_id": lease["lease_id"], "records": good})
+    post(
+        server, "/v1/trajectories", {"worker_id": alpha, "lease_id": lease["lease_id"], "records": good}, own
+    )
     bad = [dict(r, record_id=f"x{r['record_id']}", response_ids=[3]) for r in good]  # lengths disagree
     with pytest.raises(urllib.error.HTTPError):
-        post(server, "/v1/trajectories", {"worker_id": alpha, "lease_id": lease["lease_id"], "records": bad})
+        post(
+            server,
+            "/v1/trajectories",
+            {"worker_id": alpha, "lease_id": lease["lease_id"], "records": bad},
+            own,
+        )
 
 
 class _Text(html.parser.HTMLParser):
