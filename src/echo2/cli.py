@@ -126,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--gamma", type=float, default=1.1, metavar="G", help="safety factor (default 1.1)")
     pl.add_argument(
+        "--model",
+        choices=("continuous", "paper"),
+        default="continuous",
+        help="capacity model: 'continuous' (default) for echo2's workers, which keep generating "
+        "during a broadcast; 'paper' for the paper's cycle model, in which they stop",
+    )
+    pl.add_argument(
         "--learner-price",
         type=float,
         default=0.0,
@@ -162,6 +169,7 @@ def _plan(args: argparse.Namespace) -> int:
             kappa=args.kappa,
             gamma=args.gamma,
             learner_price=args.learner_price,
+            model=args.model,
         )
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None

@@ -33,3 +33,4 @@ class Vowels:
         return Score(reward=share, correct=share > 0.5, parsed=None)
 
     loss_mask = staticmethod(full_loss_mask)
+    reward_range = (0.0, 1.0)

@@ -3,6 +3,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from echo2.control import capacity as cap
 
@@ -23,12 +25,50 @@ def test_infeasible_when_broadcast_exceeds_kappa_steps():
 
 
 def test_target_throughput_is_gamma_times_mu_min():
-    # mu_min = 4 (above); gamma = 1.25 keeps 25% headroom: 5 trajectories/s
-    assert cap.target_throughput(kappa=2, t_train=10, t_bcast=5, batch=30, gamma=1.25) == pytest.approx(5.0)
-    assert cap.target_throughput(kappa=3, t_train=10, t_bcast=20, batch=30, gamma=1.0) == pytest.approx(9.0)
+    # paper model: mu_min = 4 (above); gamma = 1.25 keeps 25% headroom: 5 trajectories/s
+    paper = {"staleness": 3, "model": "paper"}
+    assert cap.target_throughput(
+        kappa=2, t_train=10, t_bcast=5, batch=30, gamma=1.25, **paper
+    ) == pytest.approx(5.0)
+    assert cap.target_throughput(
+        kappa=3, t_train=10, t_bcast=20, batch=30, gamma=1.0, **paper
+    ) == pytest.approx(9.0)
     # no pool can hide a broadcast longer than kappa steps: the target is unreachable, not absent
-    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=10, batch=30, gamma=1.0) == math.inf
-    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=12, batch=30, gamma=2.0) == math.inf
+    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=10, batch=30, gamma=1.0, **paper) == math.inf
+    assert cap.target_throughput(kappa=1, t_train=10, t_bcast=12, batch=30, gamma=2.0, **paper) == math.inf
+    # continuous (the default): R / T_train = 3, fresh enough: 30 / ((3 - 2 + 1) * 10 - 5) = 2
+    assert cap.target_throughput(kappa=2, staleness=3, t_train=10, t_bcast=5, batch=30, gamma=1.25) == (
+        pytest.approx(3.75)
+    )
+
+
+def test_mu_min_continuous_hand_computed():
+    # S = 3, kappa = 2, T_train 10, R 30: the learner's own pace R / T_train = 3 binds while T_bcast
+    # is short; with T_bcast = 15 the staleness bound binds: 30 / (2 * 10 - 15) = 6
+    kw = {"kappa": 2, "staleness": 3, "t_train": 10.0, "batch": 30.0}
+    assert cap.mu_min_continuous(t_bcast=5.0, **kw) == pytest.approx(3.0)
+    assert cap.mu_min_continuous(t_bcast=15.0, **kw) == pytest.approx(6.0)
+    # no throughput keeps records fresh (2 * 10 <= 25): the paper model's answer (kappa T <= T_bcast: None)
+    assert cap.mu_min_continuous(t_bcast=25.0, **kw) is None
+    assert cap.required_throughput("paper", t_bcast=5.0, **kw) == pytest.approx(4.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    s=st.integers(1, 8),
+    t_train=st.floats(0.5, 50),
+    t_bcast=st.floats(0, 100),
+    batch=st.floats(1, 500),
+    over=st.floats(1.0001, 3),
+)
+def test_mu_min_continuous_is_where_the_continuous_bubble_vanishes(s, t_train, t_bcast, batch, over):
+    kappa = max(1, s - 1)
+    timing = {"kappa": kappa, "t_train": t_train, "t_bcast": t_bcast, "batch": batch}
+    mu = cap.mu_min_continuous(staleness=s, **timing)
+    if mu is None:
+        return
+    assert cap.bubble_ratio_continuous(staleness=s, mu_pool=mu * over, **timing) == 0.0
+    assert cap.bubble_ratio_continuous(staleness=s, mu_pool=mu / over, **timing) > 0.0
 
 
 def test_staleness_bounds_hand_computed():

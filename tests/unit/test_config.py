@@ -38,6 +38,10 @@ def test_override_applies_and_defaults_derive(cfg_file):
         ("--learner.kappa=5", "learner.kappa"),
         ("--model.hidden_size=2", "model.hidden_size"),
         ("--task.type=poetry", "task"),
+        ("--rollout.lag=4", "rollout.lag"),  # > learner.staleness = 3
+        ("--learner.correction=ppo", "learner.correction"),
+        ("--learner.dual_clip_delta=1", "learner.dual_clip_delta"),
+        ("--learner.is_cap=0.5", "learner.is_cap"),
     ],
 )
 def test_bad_values_exit_2_naming_the_key(cfg_file, tmp_path, capsys, override, key):

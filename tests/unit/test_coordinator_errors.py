@@ -22,6 +22,8 @@ from echo2.control.errors import Reason
         (errors.LeaseExpired("not held"), 409, "lease_expired"),
         (errors.Stale("too old"), 409, "stale"),
         (errors.Released("stop"), 410, "released"),
+        (errors.Quarantined("strikes"), 403, "quarantined"),
+        (errors.LeaseLimit("4 open"), 429, "lease_limit"),
         (errors.Invalid(Reason.FUTURE_VERSION, "v 9 > 0"), 422, "future_version"),
         (errors.Invalid(Reason.WRONG_SNAPSHOT, "sha"), 422, "wrong_snapshot"),
         (errors.Invalid(Reason.MALFORMED, "name: missing"), 422, "malformed"),
@@ -40,7 +42,7 @@ def test_each_refusal_has_its_status_and_reason(error, status, reason):
 
 def test_every_refusal_class_has_a_status():
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.Refused)]
-    assert len(classes) == 10
+    assert len(classes) == 12
     for cls in classes:
         if cls is not errors.Refused:
             assert any(c in STATUS for c in cls.__mro__), f"{cls.__name__} has no HTTP status"

@@ -17,9 +17,11 @@ POOL = Pool.model_validate(
 )
 
 
-def test_plan_hand_computed():
+def test_plan_hand_computed_paper_model():
     # kappa = max(1, S - 1) = 2; mu_min = 2 * 30 / (2 * 10 - 5) = 4; target 4.4
-    plan = make_plan(PlanInput(t_train=10, t_bcast=5, batch=30, staleness=3, learner_price=2.0), POOL)
+    plan = make_plan(
+        PlanInput(t_train=10, t_bcast=5, batch=30, staleness=3, learner_price=2.0, model="paper"), POOL
+    )
     assert (
         plan["kappa"] == 2
         and plan["mu_min"] == pytest.approx(4.0)
@@ -31,6 +33,17 @@ def test_plan_hand_computed():
     assert plan["greedy_cost_per_hour"] == pytest.approx(2.0 + 1.5)
     assert plan["bubble_ratio"] == 0.0 and plan["cost_per_step"] == pytest.approx(3.35 * 10 / 3600)
     assert plan["staleness_bound"] == 3  # tightened: 2 + ceil(0.5 * 5 / 10)
+
+
+def test_plan_hand_computed_continuous_model():
+    # echo2's workers keep generating: mu_min = max(R / T_train, R / ((S - kappa + 1) T_train - T_bcast))
+    # = max(3, 30 / 15) = 3 (the paper's 4 is higher); target 3.3 -> 1 fast + 1 cheap (4.0/s, $1.05)
+    plan = make_plan(PlanInput(t_train=10, t_bcast=5, batch=30, staleness=3), POOL)
+    assert plan["model"] == "continuous" and plan["mu_min"] == pytest.approx(3.0)
+    assert plan["active"] == {"cheap": 1, "fast": 1} and plan["cost_per_hour"] == pytest.approx(1.05)
+    assert plan["bubble_ratio"] == 0.0 and plan["step_seconds"] == pytest.approx(10.0)
+    # bound at T_step = 10: 2 + ceil((5 + 30 / 4) / 10) - 1 = 3, within S
+    assert plan["staleness_bound"] == 3 and plan["staleness_bound_within_s"]
 
 
 def test_plan_infeasible_kappa_names_the_smallest_feasible_one():
@@ -80,7 +93,7 @@ def test_cli_json_keys(tmp_path, capsys):
         "bubble_ratio",
     ):
         assert key in got
-    assert got["active"] == {"a": 3}
+    assert got["model"] == "continuous" and got["active"] == {"a": 2}  # mu_min = 30 / 10; 2 x 2.0/s
 
 
 @pytest.mark.parametrize(
@@ -90,6 +103,8 @@ def test_cli_json_keys(tmp_path, capsys):
         (["--t-bcast", "-1"], None, "--t-bcast"),
         (["--staleness", "-1"], None, "--staleness"),
         (["--kappa", "0"], None, "--kappa"),
+        (["--kappa", "5"], None, "--kappa: 5 > max(1, S - 1) = 2"),  # S = 3: the learner refuses it too
+        (["--kappa", "3"], None, "--kappa"),
         (["--gamma", "0.9"], None, "--gamma"),
         ([], "workers = []\n", "pool.toml: workers"),
         ([], '[[workers]]\nname = "a"\ncount = 1\nthroughput = 1.0\n', "pool.toml: workers.0.price"),

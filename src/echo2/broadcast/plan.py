@@ -106,8 +106,13 @@ def n_chains(uplink_bps: float, worker_bps: float, n_workers: int) -> int:
     """N_ch = floor(B0 / Bw_hat), at least 1 and at most n_workers (still 1 when there are none)."""
     if worker_bps <= 0 or uplink_bps <= 0:
         raise ValueError("uplink_bps and worker_bps must be positive")
-    ratio = uplink_bps / worker_bps
-    k = n_workers if math.isinf(ratio) else math.floor(ratio * (1 + 1e-9))  # 0.3/0.1 is 2.999...
+    if math.isinf(uplink_bps):
+        k = n_workers
+    elif math.isinf(worker_bps):  # a worker as fast as the learner's whole uplink: one chain
+        k = 1
+    else:
+        ratio = uplink_bps / worker_bps
+        k = n_workers if math.isinf(ratio) else math.floor(ratio * (1 + 1e-9))  # 0.3/0.1 is 2.999...
     return max(1, min(k, n_workers))
 
 

@@ -104,6 +104,8 @@ class BroadcastState:
         """Per version, workers that asked for a route and do not run it (or newer) yet."""
         self.published_at: dict[int, float] = {}
         self.installed_at: dict[int, dict[str, float]] = {}
+        self.noted: dict[str, int] = {}
+        """Per worker, the newest version it was noted running (a heartbeat repeating it is O(1))."""
         self.t_bcast: dict[float, dict[int, float]] = {q: {} for q in QUANTILES}
         """q -> version -> seconds until a fraction q of the live workers ran the version."""
         self.stats: dict[str, PeerStats] = {}
@@ -177,7 +179,8 @@ class BroadcastState:
                 break
             plan = plan.excise(parent)  # lost since the plan was made
         self.plans[version] = plan
-        self.receiving[version].add(worker_id)
+        if self.noted.get(worker_id, -1) < version:
+            self.receiving[version].add(worker_id)
         return parent, (peers[parent].relay_url if parent is not None else None)
 
     def _attach(self, plan: ChainPlan, worker_id: str, version: int, peers: dict[str, Peer]) -> ChainPlan:
@@ -227,6 +230,9 @@ class BroadcastState:
         """A worker was lost: excise it from every plan (its receivers will be routed around it)."""
         for v, plan in self.plans.items():
             self.plans[v] = plan.excise(worker_id)
+        self.noted.pop(worker_id, None)
+        for got in self.installed_at.values():  # T_bcast counts live workers only
+            got.pop(worker_id, None)
 
     # ------------------------------------------------------------------ installs and T_bcast
     def installed(
@@ -243,31 +249,43 @@ class BroadcastState:
         if blob is not None and blob.sha256 != sha256:
             raise WrongSnapshot(f"sha256 {sha256[:12]}... is not the one published for version {version}")
         for parent_id, nbytes, seconds in transfers:
-            if nbytes > 0 and seconds > 0:
+            if nbytes > 0 and seconds > 0 and math.isfinite(nbytes / seconds):
                 self.rates.append(nbytes / seconds)
             if parent_id in peers or parent_id in self.stats:
                 self._stats(parent_id).record_transfer(nbytes, seconds, now)
         self.note_version(worker_id, version, now)
         self.update_t_bcast(peers)
 
-    def note_version(self, worker_id: str, version: int, now: float) -> None:
-        """The worker runs `version`: it counts as having every published version up to it."""
+    def note_version(self, worker_id: str, version: int, now: float) -> bool:
+        """The worker runs `version`: it counts as having every published version up to it. False
+        (and O(1)) when that was already known, as on every heartbeat between installs."""
+        if self.noted.get(worker_id, -1) >= version:
+            return False
+        self.noted[worker_id] = version
         for v in self.published_at:
             if v <= version:
                 self.installed_at.setdefault(v, {}).setdefault(worker_id, now)
                 if v in self.receiving:
                     self.receiving[v].discard(worker_id)
+        return True
 
     def update_t_bcast(self, peers: dict[str, Peer]) -> None:
-        """Record T_bcast(q) for versions where a fraction q of the live workers now run them."""
+        """Record T_bcast(q) for versions where a fraction q of the live workers now run them. A
+        version's T_bcast(q) is recorded once; until then, the installs counted (an upper bound of
+        the live ones) decide in O(1) whether the exact count is worth making."""
         if not peers:
             return
         for v, t0 in self.published_at.items():
+            pending = [q for q in QUANTILES if v not in self.t_bcast[q]]
+            if not pending:
+                continue
             got = self.installed_at.get(v, {})
+            if len(got) < math.ceil(min(pending) * len(peers) - 1e-9):
+                continue
             delays = sorted(at - max(t0, peers[w].registered_at) for w, at in got.items() if w in peers)
-            for q in QUANTILES:
+            for q in pending:
                 need = math.ceil(q * len(peers) - 1e-9)
-                if v not in self.t_bcast[q] and len(delays) >= need:
+                if len(delays) >= need:
                     self.t_bcast[q][v] = delays[need - 1]
 
     # ------------------------------------------------------------------ reporting

@@ -2,11 +2,23 @@
 
 Units: times in seconds, R in trajectories per learner step, throughputs mu in trajectories per
 second. Shared by `echo2 plan`, the online scheduler, the simulator and the tests.
+
+Two models of the same system, chosen by name (`CapacityModel`):
+- "continuous" (the default): how echo2's workers behave. They keep generating under their
+  installed version while a snapshot is in flight, so only throughput limits the learner, as long
+  as the records stay within S (`mu_min_continuous`, `bubble_ratio_continuous`). The bubble
+  benchmark (docs/benchmarks.md) measured its threshold exactly for S in {2, 3, 5}.
+- "paper": the paper's conservative cycle model (Equation 1, Appendix B): workers stop while a
+  snapshot is broadcast (`mu_min`, `bubble_ratio`). Kept to reproduce the paper's numbers.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
+
+CapacityModel = Literal["continuous", "paper"]
+MODELS: tuple[str, ...] = ("continuous", "paper")
 
 
 def overlap_holds(*, kappa: int, t_train: float, t_bcast: float, batch: float, mu_pool: float) -> bool:
@@ -26,11 +38,66 @@ def mu_min(*, kappa: int, t_train: float, t_bcast: float, batch: float) -> float
     return kappa * batch / slack if slack > 0 else None
 
 
-def target_throughput(*, kappa: int, t_train: float, t_bcast: float, batch: float, gamma: float) -> float:
-    """The pool throughput the scheduler keeps (paper 4.3): gamma * mu_min, with gamma >= 1 the
-    headroom; infinite when kappa * T_train <= T_bcast, where no pool is enough. The runtime
-    (measured T_train and T_bcast) and the simulator (modelled ones) both ask this."""
-    mu = mu_min(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch)
+def mu_min_continuous(
+    *, kappa: int, staleness: int, t_train: float, t_bcast: float, batch: float
+) -> float | None:
+    """The least pool throughput with `bubble_ratio_continuous` = 0. Either the learner never
+    waits (mu >= R / T_train) while the staleness bound of Appendix B.2, kappa + ceil((T_bcast +
+    R/mu) / T_train) - 1, stays within S, i.e. mu >= R / ((S - kappa + 1) T_train - T_bcast); or,
+    where records would go stale, workers wait for each snapshot (the coordinator leases nothing to
+    a worker too far behind) and the paper's Equation 1 applies. The smaller of the two (None when
+    neither is reachable)."""
+    paper = mu_min(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch)
+    fresh = (staleness - kappa + 1) * t_train - t_bcast
+    if fresh <= 0:
+        return paper
+    own = max(batch / t_train, batch / fresh)
+    return own if paper is None else min(own, paper)
+
+
+def required_throughput(
+    model: CapacityModel, *, kappa: int, staleness: int, t_train: float, t_bcast: float, batch: float
+) -> float | None:
+    """mu_min under `model` (None: no throughput is enough at this kappa)."""
+    timing = {"kappa": kappa, "t_train": t_train, "t_bcast": t_bcast, "batch": batch}
+    if model == "paper":
+        return mu_min(**timing)
+    return mu_min_continuous(staleness=staleness, **timing)
+
+
+def predicted_bubble(
+    model: CapacityModel,
+    *,
+    kappa: int,
+    staleness: int,
+    t_train: float,
+    t_bcast: float,
+    batch: float,
+    mu_pool: float,
+) -> float:
+    """The learner's idle share under `model`."""
+    timing = {"kappa": kappa, "t_train": t_train, "t_bcast": t_bcast, "batch": batch, "mu_pool": mu_pool}
+    if model == "paper":
+        return bubble_ratio(**timing)
+    return bubble_ratio_continuous(staleness=staleness, **timing)
+
+
+def target_throughput(
+    *,
+    kappa: int,
+    staleness: int,
+    t_train: float,
+    t_bcast: float,
+    batch: float,
+    gamma: float,
+    model: CapacityModel = "continuous",
+) -> float:
+    """The pool throughput the scheduler keeps (paper 4.3): gamma * mu_min under `model`, with
+    gamma >= 1 the headroom; infinite where no pool is enough. The runtime (measured T_train and
+    T_bcast) and the simulator (modelled ones) both ask this."""
+    mu = required_throughput(
+        model, kappa=kappa, staleness=staleness, t_train=t_train, t_bcast=t_bcast, batch=batch
+    )
     return math.inf if mu is None else gamma * mu
 
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
-from echo2.control import errors
+from echo2.control import errors, validate
 from echo2.control.errors import Reason, Refused, Unreadable
 from echo2.control.protocol import (
     API,
@@ -56,6 +56,8 @@ LONG_POLL_MAX = 25.0
 
 STATUS: dict[type[Refused], int] = {
     errors.Unreadable: 400,
+    errors.Quarantined: 403,
+    errors.LeaseLimit: 429,
     errors.UnknownWorker: 404,
     errors.NoSnapshot: 404,
     errors.Conflict: 409,
@@ -146,18 +148,36 @@ class Coordinator:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
             return refusal(errors.Invalid(Reason.MALFORMED, f"{where}: {err['msg']}"))
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, "too_large", f"body over {self.max_body} bytes")
+        except web.HTTPRequestEntityTooLarge as e:
+            return _error(413, "too_large", validate.printable(e.text))
         except TimeoutError:
             return _error(503, "timeout", f"handler took over {HANDLER_TIMEOUT}s")
+        except web.HTTPException as e:  # no route (404), wrong method (405): JSON like every answer
+            if e.status < 400:
+                raise
+            reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(e.status, "http_error")
+            return _error(
+                e.status, reason, f"{request.method} {validate.printable(request.path)}: {e.reason}"
+            )
+        except Exception:  # a bug, not the peer's fault: logged, answered in JSON, the server lives on
+            logger.exception("%s %s failed", request.method, validate.printable(request.path))
+            return _error(500, "internal", "the coordinator failed on this request (logged)")
 
     @staticmethod
-    async def _body(request: web.Request, model):
+    async def _body(request: web.Request, model, *, limit: int = validate.SMALL_BODY):
+        """The body as `model`: JSON of at most `limit` bytes (`max_body` for pushes), nested no
+        deeper than the decoder's recursion limit."""
+        if (request.content_length or 0) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+        raw = await request.read()
+        if len(raw) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
         try:
-            raw = await request.read()
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
-            raise Unreadable(f"body is not JSON: {e}") from None
+            raise Unreadable(f"body is not JSON: {validate.printable(e)}") from None
+        except RecursionError:
+            raise Unreadable("body is nested too deep") from None
         return model.model_validate(data)
 
     # ------------------------------------------------------------------ handlers
@@ -208,15 +228,19 @@ class Coordinator:
 
     async def push(self, request: web.Request) -> web.Response:
         try:
-            req = await self._body(request, PushRequest)
+            req = await self._body(request, PushRequest, limit=self.max_body)
         except (ValidationError, Refused):
             self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
         try:
             records = [Trajectory.from_dict(r.model_dump()) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
-            self.state.count_rejected(e.reason, len(req.records))
-            raise errors.InvalidBatch(e.reason, str(e)) from None
+            self.state.refuse(req.worker_id, e.reason, len(req.records))
+            raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
+        problem = validate.batch_problem(records, reward_range=self.state.ingestion.limits.reward_range)
+        if problem is not None:  # refused whole: nothing stored, only the refusal counted
+            self.state.refuse(req.worker_id, problem.reason, len(records))
+            raise errors.InvalidBatch(problem.reason, problem.detail)
         return web.json_response(self.state.ingest(req.worker_id, req.lease_id, records))
 
     async def manifest(self, request: web.Request) -> web.Response:

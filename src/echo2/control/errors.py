@@ -28,6 +28,18 @@ class Reason(StrEnum):
     GROUP_OVERFLOW = "group_overflow"
     NON_FINITE_REWARD = "non_finite_reward"
     WRONG_SNAPSHOT = "wrong_snapshot"
+    # validation at the door (validate.py) and the referee (learning/verify.py)
+    REWARD_OUT_OF_RANGE = "reward_out_of_range"
+    BAD_LOGPROB = "bad_logprob"
+    BAD_MASK = "bad_mask"
+    DUPLICATE_ID = "duplicate_id"
+    WRONG_PROMPT = "wrong_prompt"
+    REWARD_MISMATCH = "reward_mismatch"
+    LOGPROB_MISMATCH = "logprob_mismatch"
+    QUARANTINED = "quarantined"
+    LEASE_LIMIT = "lease_limit"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
 
 
 class Refused(Exception):
@@ -76,6 +88,19 @@ class Stale(Conflict):
     """Records older than the learner's version - S; the lease's prompts are reissued."""
 
     reason = Reason.STALE
+
+
+class Quarantined(Refused):
+    """The worker's records kept failing verification: it gets no more leases and its pushes are
+    refused (it stays registered and visible in /status)."""
+
+    reason = Reason.QUARANTINED
+
+
+class LeaseLimit(Conflict):
+    """The worker already holds as many open leases as one worker may."""
+
+    reason = Reason.LEASE_LIMIT
 
 
 class Invalid(Refused):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo2.control.errors import InvalidBatch, LeaseExpired, Reason, Refused, Stale
+from echo2.control.validate import DEFAULT_REWARD_RANGE
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -39,6 +40,8 @@ class Limits:
     max_prompt_tokens: int
     max_new_tokens: int
     group_size: int
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+    """The task's declared rewards (validate.reward_range); others are refused at the door."""
 
 
 class Leases:
@@ -170,6 +173,8 @@ class Leases:
             raise LeaseExpired(f"lease {lease_id!r} is not held by this worker")
         lim = self.limits
         floor = self.buffer.min_version()
+        if len({r.record_id for r in records}) < len(records):
+            raise InvalidBatch(Reason.DUPLICATE_ID, "a record id appears twice in the batch")
         for r in records:
             where = f"record {r.record_id}"
             if r.group_id not in lease.group_ids:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from echo2.config import publish_every
+from echo2.config import check_kappa, publish_every
 from echo2.control import capacity as cap
 from echo2.control.selection import WorkerOffer, exact, greedy
 
@@ -49,6 +49,14 @@ class PlanInput(_Strict):
     kappa: int | None = Field(None, ge=1)
     gamma: float = Field(1.1, ge=1, allow_inf_nan=False)
     learner_price: float = Field(0.0, ge=0, allow_inf_nan=False)
+    model: cap.CapacityModel = "continuous"
+    """"continuous": echo2's workers, which keep generating during a broadcast (default);
+    "paper": the paper's cycle model, in which they stop (to reproduce the paper)."""
+
+    @model_validator(mode="after")
+    def _kappa_bound(self) -> PlanInput:
+        check_kappa(self.kappa, self.staleness, key="kappa")  # the learner's rule (config/schema.py)
+        return self
 
     @property
     def resolved_kappa(self) -> int:
@@ -60,7 +68,8 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
     types = [
         WorkerOffer(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
     ]
-    mu_min = cap.mu_min(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast, batch=inp.batch)
+    timing = {"kappa": kappa, "t_train": inp.t_train, "t_bcast": inp.t_bcast, "batch": inp.batch}
+    mu_min = cap.required_throughput(inp.model, staleness=inp.staleness, **timing)
     pool_mu = sum(t.throughput * t.count for t in types)
     if mu_min is None:  # no throughput can hide the broadcast at this kappa
         target, chosen, heuristic = None, exact(types, pool_mu), greedy(types, pool_mu)
@@ -68,17 +77,21 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
         target = inp.gamma * mu_min
         chosen, heuristic = exact(types, target), greedy(types, target)
     mu_pool = chosen.throughput
-    timing = {"kappa": kappa, "t_train": inp.t_train, "t_bcast": inp.t_bcast, "batch": inp.batch}
-    bubble = cap.bubble_ratio(**timing, mu_pool=mu_pool)
-    overlap = cap.overlap_holds(**timing, mu_pool=mu_pool)
-    bound = (
-        cap.staleness_bound_overlap(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast)
-        if overlap
-        else cap.staleness_bound(**timing, mu_pool=mu_pool)
-    )
+    bubble = cap.predicted_bubble(inp.model, staleness=inp.staleness, **timing, mu_pool=mu_pool)
+    if inp.model == "paper":
+        overlap = cap.overlap_holds(**timing, mu_pool=mu_pool)
+        bound = (
+            cap.staleness_bound_overlap(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast)
+            if overlap
+            else cap.staleness_bound(**timing, mu_pool=mu_pool)
+        )
+    else:  # the learner advances one version per step of max(T_train, R / mu) (bubble benchmark)
+        t_step = max(inp.t_train, inp.batch / mu_pool) if mu_pool > 0 else inp.t_train
+        bound = cap.staleness_bound(**{**timing, "t_train": t_step}, mu_pool=mu_pool) if mu_pool > 0 else None
     cost_per_hour = inp.learner_price + chosen.cost_per_hour
     step_seconds = inp.t_train / (1 - bubble) if bubble < 1 else float("inf")
     return {
+        "model": inp.model,
         "mu_min": mu_min,
         "mu_target": target,
         "feasible": mu_min is not None and chosen.feasible,
@@ -86,7 +99,7 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
         "kappa": kappa,
         "staleness": inp.staleness,
         "staleness_bound": bound,
-        "staleness_bound_within_s": bound <= inp.staleness,
+        "staleness_bound_within_s": bound is not None and bound <= inp.staleness,
         "active": chosen.active,
         "throughput": mu_pool,
         "cost_per_hour": cost_per_hour,
@@ -107,7 +120,9 @@ def render(plan: dict[str, Any]) -> str:
             f"the smallest feasible kappa is {plan['smallest_feasible_kappa']}"
         )
     else:
-        lines.append(f"required throughput mu_min     {plan['mu_min']:.4g} trajectories/s")
+        lines.append(
+            f"required throughput mu_min     {plan['mu_min']:.4g} trajectories/s ({plan['model']} model)"
+        )
         lines.append(
             f"target gamma * mu_min          {plan['mu_target']:.4g} trajectories/s "
             f"({'reachable' if plan['feasible'] else 'NOT reachable with this pool'})"
@@ -120,7 +135,7 @@ def render(plan: dict[str, Any]) -> str:
         f"predicted bubble ratio         {plan['bubble_ratio']:.1%}",
         f"predicted step time            {plan['step_seconds']:.1f} s",
         f"cost per learner step          ${plan['cost_per_step']:.3f}",
-        f"kappa / staleness bound        {plan['kappa']} / {plan['staleness_bound']} "
+        f"kappa / staleness bound        {plan['kappa']} / {plan['staleness_bound'] or 'none'} "
         f"({'within' if plan['staleness_bound_within_s'] else 'EXCEEDS'} S = {plan['staleness']})",
     ]
     return "\n".join(lines)

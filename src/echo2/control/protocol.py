@@ -6,9 +6,11 @@ Imports no torch and no aiohttp: the coordinator validates requests with these m
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from echo2.control.validate import metadata_problem
 
 API = "/v1"
 
@@ -17,13 +19,23 @@ HOST_PATTERN = r"^[A-Za-z0-9.:\[\]-]+$"
 """A host name or an IPv4/IPv6 address, as a relay advertises it."""
 
 
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+"""Free text a peer sends (names, hardware): no control characters, so no line of a log is forged."""
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+"""A worker or lease id, as the coordinator issues them."""
+RecordKey = Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
+"""A record or group id, as workers and tasks make them."""
+MAX_RATE = 1e12
+"""Bytes per second no transfer report may claim (8 Tbit/s: far above any real link)."""
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class RegisterRequest(_Wire):
-    name: str = Field(min_length=1, max_length=128)
-    hardware: str = Field("cpu", max_length=256)
+    name: str = Field(min_length=1, max_length=128, pattern=TEXT_PATTERN)
+    hardware: str = Field("cpu", max_length=256, pattern=TEXT_PATTERN)
     price_per_hour: float = Field(0.0, ge=0, allow_inf_nan=False)
     inbound: bool = False
     """Whether the worker accepts inbound connections (it may then relay snapshots to a child)."""
@@ -46,14 +58,14 @@ class RegisterResponse(_Wire):
 
 
 class HeartbeatRequest(_Wire):
-    worker_id: str
+    worker_id: Id
     version: int = Field(ge=-1)
-    throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
+    throughput: float = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
     """Trajectories per second measured by the worker."""
 
 
 class LeaseRequest(_Wire):
-    worker_id: str
+    worker_id: Id
     version: int = Field(ge=-1)
     """The worker's installed version; no lease is granted while it is older than v_learner - S."""
     max_groups: int = Field(ge=1, le=1024)
@@ -68,25 +80,36 @@ class LeaseResponse(_Wire):
 
 
 class ReturnRequest(_Wire):
-    worker_id: str
-    lease_id: str
+    worker_id: Id
+    lease_id: Id
 
 
 class WireRecord(_Wire):
-    record_id: str = Field(min_length=1, max_length=64)
-    group_id: str = Field(min_length=1, max_length=64)
-    prompt_ids: list[int] = Field(min_length=1)
-    response_ids: list[int]
-    behaviour_logprobs: list[float]
-    loss_mask: list[int]
+    record_id: RecordKey
+    group_id: RecordKey
+    prompt_ids: list[int] = Field(min_length=1, max_length=65536)
+    response_ids: list[int] = Field(max_length=65536)
+    behaviour_logprobs: list[float] = Field(max_length=65536)
+    loss_mask: list[int] = Field(max_length=65536)
     reward: float
-    version: int = Field(ge=0)
+    """Checked against the task's reward range by the coordinator (a NaN is refused as
+    `non_finite_reward`, so the wire model accepts it)."""
+    version: int = Field(ge=0, le=2**62)
     metadata: dict[str, Any] = {}
+    """Free task data of bounded depth and size (validate.metadata_problem)."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = metadata_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class PushRequest(_Wire):
-    worker_id: str
-    lease_id: str
+    worker_id: Id
+    lease_id: Id
     records: list[WireRecord] = Field(min_length=1, max_length=4096)
 
 
@@ -100,7 +123,7 @@ class SnapshotInfo(_Wire):
 
 # ---------------------------------------------------------------------------- snapshot broadcast
 class RouteRequest(_Wire):
-    worker_id: str
+    worker_id: Id
     version: int = Field(ge=0)
 
 
@@ -111,9 +134,9 @@ FailureReason = Literal["unreachable", "stalled", "bad_chunk", "refused", "incom
 class FailureRequest(_Wire):
     """A receiver's parent failed while sending `version`."""
 
-    worker_id: str
+    worker_id: Id
     version: int = Field(ge=0)
-    parent_id: str | None
+    parent_id: Id | None
     """The parent that failed (null: the learner itself)."""
     reason: FailureReason
     detail: str = Field("", max_length=1000)
@@ -130,13 +153,19 @@ class Route(_Wire):
 class Transfer(_Wire):
     """One stream segment that ended cleanly: what came from one parent, and how fast."""
 
-    parent_id: str | None
+    parent_id: Id | None
     bytes: int = Field(ge=0, le=2**40)
-    seconds: float = Field(gt=0, allow_inf_nan=False)
+    seconds: float = Field(ge=1e-6, le=1e6, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _plausible(self) -> Transfer:
+        if self.bytes / self.seconds > MAX_RATE:
+            raise ValueError(f"{self.bytes} bytes in {self.seconds}s is over {MAX_RATE:g} bytes/s")
+        return self
 
 
 class InstalledRequest(_Wire):
-    worker_id: str
+    worker_id: Id
     version: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     """Of the installed snapshot's bytes; must equal the published one's."""

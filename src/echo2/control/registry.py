@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from echo2.control.broadcast import Peer
 from echo2.control.errors import Released, UnknownWorker
+from echo2.control.validate import printable
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,12 @@ class WorkerInfo:
     """Registered and healthy but given no leases (the scheduler's reserve)."""
     provided: bool = False
     """Started by the provider under its offer's name: released through it, stopped when lost."""
-    samples: deque[tuple[float, float]] = field(default_factory=deque)
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     """(time, trajectories/s) from heartbeats, for the scheduler's sliding window."""
+
+
+SAMPLES = 1024
+"""Heartbeat samples kept per worker (the window drops older ones; this bounds memory without it)."""
 
 
 class Registry:
@@ -54,6 +59,8 @@ class Registry:
         self.heartbeat_timeout = heartbeat_timeout
         self.window_s = window_s
         self.workers: dict[str, WorkerInfo] = {}
+        self._peers: dict[str, Peer] | None = None
+        """`peers()`, kept until the live set changes (a heartbeat must not rebuild it)."""
 
     def add(
         self,
@@ -84,7 +91,8 @@ class Registry:
             provided=provided,
         )
         self.workers[worker_id] = info
-        logger.info("worker joined: %s (%s, %s)", name, worker_id, hardware)
+        self._peers = None
+        logger.info("worker joined: %s (%s, %s)", printable(name), worker_id, printable(hardware))
         return info
 
     def get(self, worker_id: str, now: float) -> WorkerInfo:
@@ -116,9 +124,31 @@ class Registry:
                 info.status = WorkerStatus.LOST
                 lost.append(info)
                 logger.info(
-                    "worker lost: %s (%s), silent %.1fs", info.name, info.worker_id, now - info.last_seen
+                    "worker lost: %s (%s), silent %.1fs",
+                    printable(info.name),
+                    info.worker_id,
+                    now - info.last_seen,
                 )
+        if lost:
+            self._peers = None
         return lost
+
+    def release(self, info: WorkerInfo) -> None:
+        """The scheduler stopped this worker through its provider."""
+        info.status = WorkerStatus.RELEASED
+        self._peers = None
+
+    def purge(self, now: float, after: float) -> list[str]:
+        """Forget workers lost (or released) and silent for over `after` seconds; returns their ids.
+        A purged worker that comes back is told to register again, as a lost one is."""
+        gone = [
+            w.worker_id
+            for w in self.workers.values()
+            if w.status is not WorkerStatus.ACTIVE and now - w.last_seen > after
+        ]
+        for worker_id in gone:
+            del self.workers[worker_id]
+        return gone
 
     def windowed_throughput(self, info: WorkerInfo, now: float) -> float:
         """Mean of the heartbeats of the last `window_s` (older samples are dropped), else the last
@@ -130,12 +160,14 @@ class Registry:
         return sum(mu for _, mu in info.samples) / len(info.samples)
 
     def peers(self) -> dict[str, Peer]:
-        """The live workers, as the broadcast bookkeeping knows them."""
-        return {
-            w.worker_id: Peer(worker_id=w.worker_id, relay_url=w.relay_url, registered_at=w.registered_at)
-            for w in self.workers.values()
-            if w.status is WorkerStatus.ACTIVE
-        }
+        """The live workers, as the broadcast bookkeeping knows them (shared: do not modify)."""
+        if self._peers is None:
+            self._peers = {
+                w.worker_id: Peer(worker_id=w.worker_id, relay_url=w.relay_url, registered_at=w.registered_at)
+                for w in self.workers.values()
+                if w.status is WorkerStatus.ACTIVE
+            }
+        return self._peers
 
     def rows(self) -> list[dict]:
         """The workers as GET /status lists them."""

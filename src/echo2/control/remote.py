@@ -49,15 +49,24 @@ class RemoteRollout:
         task: Task,
         buffer: ReplayBuffer,
         vocab_size: int,
+        tokenizer=None,
         provider=None,
         run_dir: Path | None = None,
         on_start: Iterable[Callable[[RemoteRollout], None]] = (),
     ) -> None:
-        """`on_start` hooks run once the first snapshot is published (start workers, print the URL)."""
+        """`on_start` hooks run once the first snapshot is published (start workers, print the URL).
+        With `tokenizer`, every pushed record is checked against its leased prompt and re-scored
+        with the task (learning/verify.py)."""
+        from echo2.control.validate import reward_range
+        from echo2.learning.verify import TaskReferee
+
         self.config = config
         self.on_start = list(on_start)
         self.buffer = buffer
         self.t_train: list[float] = []
+        self.t_train_hint: float | None = config.scheduler.t_train
+        """T_train for the scheduler's target until a step is timed: `scheduler.t_train`, or the
+        learner's calibration step (learning/calibrate.py)."""
         ccfg, bc = config.coordinator, config.broadcast
         key_file = (
             Path(bc.key_file).expanduser()
@@ -72,7 +81,13 @@ class RemoteRollout:
                 max_prompt_tokens=config.rollout.max_prompt_tokens,
                 max_new_tokens=response_limit(config),
                 group_size=config.rollout.group_size,
+                reward_range=reward_range(task),
             ),
+            referee=TaskReferee(task, tokenizer) if tokenizer is not None else None,
+            max_leases_per_worker=ccfg.max_leases_per_worker,
+            max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
+            quarantine_after=ccfg.quarantine_after,
+            purge_after=ccfg.purge_after,
             group_id_of=lambda i: task.train_prompt(i).group_id,
             lease_timeout=ccfg.lease_timeout,
             heartbeat_timeout=ccfg.heartbeat_timeout,
@@ -103,6 +118,7 @@ class RemoteRollout:
         ]
         self.idle = 0.0
         self.train = 0.0
+        self.offpolicy: dict[str, Any] = {}
         self.coordinator = Coordinator(
             self.state,
             token=self.token,
@@ -152,8 +168,18 @@ class RemoteRollout:
             self.t_train.append(seconds)
             self.train += seconds
 
+    def record_metrics(self, row: dict[str, Any]) -> None:
+        with self.state.lock:  # GET /status shows the last step's off-policy diagnostics
+            self.offpolicy = {
+                "step": row["step"],
+                **{k: v for k, v in row.items() if k.startswith("offpolicy/")},
+            }
+
     def advance(self, version: int) -> None:
         self.state.set_learner_version(version)
+
+    def flag(self, records, reason: str) -> list[str]:
+        return self.state.flag(records, reason)
 
     def start(self, snapshot: Snapshot) -> None:
         """Workers start from the learner's current weights; then the hooks (start local workers)."""
@@ -189,15 +215,23 @@ class RemoteRollout:
         self.coordinator.stop()
 
     # ------------------------------------------------------------------ measurements
+    @property
+    def wants_t_train(self) -> bool:
+        """The scheduler needs a T_train before the first step: none configured or timed yet."""
+        return self.config.scheduler.enabled and self.t_train_hint is None and not self.t_train
+
     def target_throughput(self) -> float | None:
-        """gamma * mu_min from the learner's own T_train and T_bcast (None until a step is timed;
-        infinite when kappa * T_train <= T_bcast, i.e. no pool is enough). Called under the lock."""
-        if not self.t_train:
+        """gamma * mu_min (scheduler.model, continuous by default) from the learner's own T_train
+        (the configured or calibrated one until a step is timed) and T_bcast (None while T_train
+        is unknown; infinite where no pool is enough). Called under the lock."""
+        t_train = statistics.median(self.t_train) if self.t_train else self.t_train_hint
+        if t_train is None:
             return None
-        t_train = statistics.median(self.t_train)
         t_bcast = statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else 0.0
         return capacity.target_throughput(
             kappa=self.config.learner.publish_every,
+            staleness=self.config.learner.staleness,
+            model=self.config.scheduler.model,
             t_train=t_train,
             t_bcast=t_bcast,
             batch=self.config.rollout.prompts_per_step * self.config.rollout.group_size,
@@ -222,6 +256,7 @@ class RemoteRollout:
                 statistics.median(self.state.t_bcast_all.values()) if self.state.t_bcast_all else None
             ),
             "broadcast_mode": self.config.broadcast.mode,
+            "offpolicy": dict(self.offpolicy),
             "learner_idle_s": self.idle,
             "bubble_ratio": self.idle / busy if busy else None,
             "ingest_rejected": dict(self.state.rejected),

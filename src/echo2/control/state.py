@@ -31,12 +31,14 @@ from echo2.control.broadcast import (
     WrongSnapshot,
     make_blob,
 )
-from echo2.control.errors import Invalid, NoSnapshot, Reason
+from echo2.control.errors import Invalid, InvalidBatch, LeaseLimit, NoSnapshot, Quarantined, Reason, Refused
 from echo2.control.fleet import Call, Fleet, Slots
+from echo2.control.integrity import Integrity
 from echo2.control.leases import Lease, Leases, Limits
 from echo2.control.provider import Provider
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.scheduler import Action, Scheduler
+from echo2.control.validate import Referee, printable
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -79,8 +81,21 @@ class CoordinatorState:
         broadcast: BroadcastPolicy | None = None,
         signing_key: Ed25519PrivateKey | None = None,
         ids: Callable[[], str] = new_id,
+        referee: Referee | None = None,
+        max_leases_per_worker: int = 4,
+        max_groups_per_lease: int = 1024,
+        quarantine_after: int = 3,
+        purge_after: float = 600.0,
     ) -> None:
         self.clock = clock
+        self.referee = referee
+        """Checks each record against the task (the leased prompt, the reward); None: no check."""
+        self.max_leases_per_worker = max_leases_per_worker
+        self.max_groups_per_lease = max_groups_per_lease
+        self.purge_after = purge_after
+        """Seconds after which a lost worker's registration is forgotten."""
+        self.integrity = Integrity(quarantine_after=quarantine_after)
+        """Strikes, quarantine, and which worker made each group (control/integrity.py)."""
         self.ids = ids
         """Makes worker and lease ids."""
         self.provider = provider
@@ -162,8 +177,7 @@ class CoordinatorState:
             info.version = version
             now = self.clock()
             self.registry.sample(info, throughput, now)
-            if version >= 0:
-                self.bcast.note_version(worker_id, version, now)
+            if version >= 0 and self.bcast.note_version(worker_id, version, now):  # O(1) otherwise
                 self.bcast.update_t_bcast(self.registry.peers())
 
     def expire(self) -> None:
@@ -177,6 +191,8 @@ class CoordinatorState:
                 lost = self.registry.expire(now)
                 for info in lost:
                     self.bcast.forget(info.worker_id)
+                for worker_id in self.registry.purge(now, self.purge_after):
+                    self.integrity.forget(worker_id)
                 self.ingestion.expire(now, self.registry.is_lost)
                 peers = self.registry.peers()
                 self.bcast.update_t_bcast(peers)  # the live set changed: a quantile may be reached now
@@ -207,7 +223,7 @@ class CoordinatorState:
         if action is Action.RELEASE:
             self.ingestion.put_back_all(info.worker_id)
             if info.provided:
-                info.status = WorkerStatus.RELEASED
+                self.registry.release(info)
         info.standby = action is Action.RELEASE and info.status is WorkerStatus.ACTIVE
 
     def _call(self, calls: list[Call]) -> None:
@@ -222,14 +238,19 @@ class CoordinatorState:
         already too old to be admitted (it should install the newest snapshot first)."""
         with self.lock:
             info = self._worker(worker_id)
-            if (
-                self.published_version < 0
-                or self.closed
-                or not self.ingestion.admits(version)
-                or info.standby
-            ):
+            self._check_trusted(worker_id)
+            if self.published_version < 0 or self.closed:
                 return None
-            return self.ingestion.issue(self.ids(), worker_id, max_groups=max_groups, now=self.clock())
+            self._check_version(version)
+            if not self.ingestion.admits(version) or info.standby:
+                return None
+            held = sum(1 for lease in self.ingestion.leases.values() if lease.worker_id == worker_id)
+            if held >= self.max_leases_per_worker:
+                raise LeaseLimit(
+                    f"worker already holds {held} open leases (at most {self.max_leases_per_worker})"
+                )
+            groups = min(max_groups, self.max_groups_per_lease)
+            return self.ingestion.issue(self.ids(), worker_id, max_groups=groups, now=self.clock())
 
     def return_lease(self, worker_id: str, lease_id: str) -> None:
         with self.lock:
@@ -237,13 +258,35 @@ class CoordinatorState:
             self.ingestion.give_back(worker_id, lease_id)
 
     def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
-        """Store a batch whole or not at all. A retried batch is acknowledged, stored once."""
+        """Store a batch whole or not at all. A retried batch is acknowledged, stored once. With a
+        referee, each record is first checked against the prompt leased for its group and the
+        task's reward (outside the lock: it decodes and scores)."""
         with self.lock:
             self._worker(worker_id)
-            out = self.ingestion.ingest(
-                worker_id, lease_id, records, published_version=self.published_version
+            self._check_trusted(worker_id)
+            lease = self.ingestion.leases.get(lease_id)
+            index_of = (
+                {self.ingestion.group_id_of(i): i for i in lease.indices}
+                if self.referee is not None and lease is not None and lease.worker_id == worker_id
+                else {}
             )
+        for record in records:
+            if record.group_id in index_of and not self.buffer.seen(record.record_id):
+                problem = self.referee.check(record, index_of[record.group_id])
+                if problem is not None:
+                    self.refuse(worker_id, problem.reason, len(records))
+                    raise InvalidBatch(problem.reason, problem.detail)
+        with self.lock:
+            self._worker(worker_id)
+            try:
+                out = self.ingestion.ingest(
+                    worker_id, lease_id, records, published_version=self.published_version
+                )
+            except Refused as e:
+                self._strike(worker_id, e.reason)
+                raise
             if out["accepted"]:
+                self.integrity.stored(worker_id, {r.group_id for r in records})
                 self.ready.notify_all()
             return out
 
@@ -251,6 +294,39 @@ class CoordinatorState:
         """Records refused before they reached the state (a batch that does not parse)."""
         with self.lock:
             self.ingestion.rejected[reason] += n
+
+    def refuse(self, worker_id: str, reason: str, n: int) -> None:
+        """A batch of `n` records refused at the door: counted under `reason`, a strike against
+        its worker when an honest one never earns it."""
+        with self.lock:
+            self.ingestion.rejected[reason] += n
+            self._strike(worker_id, reason)
+
+    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
+        """The learner refused these records after taking them (their log-probs disagree with its
+        own): counted, a strike against each worker that made them; returns those workers."""
+        with self.lock:
+            self.integrity.flagged[reason] += len(records)
+            workers = self.integrity.makers([r.group_id for r in records])
+            for worker_id in workers:
+                self._strike(worker_id, reason)
+            return workers
+
+    def _strike(self, worker_id: str, reason: str) -> None:
+        info = self.registry.workers.get(worker_id)
+        if info is not None and self.integrity.strike(worker_id, reason):
+            self.ingestion.put_back_all(worker_id)
+            logger.warning(
+                "worker quarantined: %s (%s) after %d refusals (last: %s)",
+                printable(info.name),
+                worker_id,
+                self.integrity.strikes[worker_id],
+                reason,
+            )
+
+    def _check_trusted(self, worker_id: str) -> None:
+        if worker_id in self.integrity.quarantined:
+            raise Quarantined(f"worker {worker_id!r} is quarantined: its records kept failing verification")
 
     # ------------------------------------------------------------------ snapshot broadcast
     @property
@@ -289,7 +365,7 @@ class CoordinatorState:
                 worker_id,
                 parent_id or "learner",
                 reason,
-                detail[:200],
+                printable(detail),
             )
             try:
                 return self.bcast.failure(
@@ -368,10 +444,15 @@ class CoordinatorState:
     def status(self) -> dict:
         """GET /status, less what the learner adds."""
         with self.lock:
+            rows = self.registry.rows()
+            for row in rows:
+                if row["worker_id"] in self.integrity.quarantined:
+                    row["state"] = "quarantined"
             return {
                 "learner_version": self.buffer.learner_version,
                 "published_version": self.published_version,
-                "workers": self.registry.rows(),
+                "workers": rows,
+                **self.integrity.status(),
                 "buffer_by_version": {str(k): v for k, v in self.buffer.contents_by_version().items()},
                 **self.ingestion.status(),
                 "scheduler_target": self.fleet.target() if self.fleet.scheduler else None,

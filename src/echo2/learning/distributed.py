@@ -186,6 +186,7 @@ def follow(config) -> dict[str, Any]:
 
     from echo2.learning.device import place
     from echo2.learning.step import make_optimizer, train_step
+    from echo2.learning.verify import StepCheck
     from echo2.models import load_model, load_tokenizer
 
     lcfg = config.learner
@@ -208,6 +209,7 @@ def follow(config) -> dict[str, Any]:
                 pad_id=tokenizer.pad_token_id,
                 temperature=config.rollout.temperature,
                 ref_model=ref_model,
+                check=StepCheck(max_logratio=lcfg.max_logratio, staleness=lcfg.staleness),
             )
             steps += 1
         elif order is Order.GATHER:

@@ -6,9 +6,11 @@ Nothing here knows models, tasks or I/O, so the tests check it against hand-comp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from echo2.learning.corrections import LOG_RATIO_CLAMP, Correction, policy_loss
 
 
 def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -36,7 +38,12 @@ class LossStats:
     pg_loss: float
     kl: float
     clip_fraction: float
+    """Share of loss tokens the correction clipped or truncated."""
     ratio_mean: float
+    token_log_ratio: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    """log(pi / mu) of each loss token (1-D, detached), for the step's ratio diagnostics."""
+    token_corrected: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    """Whether the correction clipped or truncated each loss token (1-D, same order)."""
 
 
 def grpo_loss(
@@ -50,17 +57,30 @@ def grpo_loss(
     num_tokens: int,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
+    correction: Correction = "clip",
+    dual_clip_delta: float = 4.0,
+    is_cap: float = 2.0,
+    proximal_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Clipped-ratio policy loss, summed over loss tokens and divided by `num_tokens`.
+    """Policy loss under `correction` (learning/corrections.py; default the clipped ratio), summed
+    over loss tokens and divided by `num_tokens`.
 
     logp, behaviour_logp, ref_logp, mask: [B, K]; advantages: [B]. `num_tokens` is the number of
     loss tokens in the whole optimizer step (not this micro-batch), so the micro-batch losses add up
     to the token-level mean of the step. KL uses the k3 estimator exp(ref - logp) - (ref - logp) - 1.
     """
     adv = advantages.unsqueeze(1)
-    ratio = torch.exp(logp - behaviour_logp)
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    per_token, was_clipped = policy_loss(
+        logp,
+        behaviour_logp,
+        adv,
+        correction=correction,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip_delta=dual_clip_delta,
+        is_cap=is_cap,
+        proximal_logp=proximal_logp,
+    )
     pg = (per_token * mask).sum() / num_tokens
     kl = torch.zeros((), dtype=logp.dtype)
     if ref_logp is not None and beta > 0:
@@ -69,12 +89,16 @@ def grpo_loss(
     loss = pg + beta * kl
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
-        was_clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
+        log_ratio = (logp - behaviour_logp).nan_to_num(nan=0.0).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = torch.exp(log_ratio)
+        live = mask > 0
         stats = LossStats(
             loss=loss.item(),
             pg_loss=pg.item(),
             kl=kl.item(),
             clip_fraction=((was_clipped.float() * mask).sum() / n).item(),
             ratio_mean=((ratio * mask).sum() / n).item(),
+            token_log_ratio=log_ratio[live].float(),
+            token_corrected=was_clipped.expand_as(mask)[live],
         )
     return loss, stats

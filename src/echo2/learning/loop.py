@@ -31,6 +31,7 @@ from echo2.learning.device import place, snapshot_state
 from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
 from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import make_optimizer, train_step
+from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.models import load_model, load_tokenizer
 from echo2.records import Snapshot
@@ -119,9 +120,18 @@ def run(
         engine=engine,
         vocab_size=len(tokenizer),
         run_dir=run_dir,
+        tokenizer=tokenizer,
     )
     if source_state is not None:
         source.load_state_dict(source_state)
+    if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
+        # the scheduler sizes the pool from T_train before the first step can be timed
+        from echo2.learning.calibrate import time_train_step
+
+        source.t_train_hint = time_train_step(
+            model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
+        )
+        logger.info("calibration step: T_train about %.2fs", source.t_train_hint)
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
@@ -162,6 +172,9 @@ def run(
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
             t1 = time.perf_counter()
             distributed.lead(distributed.Order.TRAIN, groups)
+            # emulated workers' log-probs are not a policy's: nothing to compare them with
+            bound = None if config.scheduler.emulate else lcfg.max_logratio
+            check = StepCheck(max_logratio=bound, learner_version=state.version)
             stats = train_step(
                 model,
                 optimizer,
@@ -170,12 +183,25 @@ def run(
                 pad_id=tokenizer.pad_token_id,
                 temperature=rcfg.temperature,
                 ref_model=ref_model,
+                staleness=staleness,
+                check=check,
             )
+            if check.refused:
+                makers = source.flag(check.refused, "logprob_mismatch")
+                logger.warning(
+                    "%d records left out of step %d: log-probs disagree (workers %s)",
+                    len(check.refused),
+                    step,
+                    makers,
+                )
+            if check.skipped:
+                makers = source.flag([r for g in groups for r in g], "non_finite_step")
+                logger.warning("step %d not applied: loss or gradient not finite (workers %s)", step, makers)
             t2 = time.perf_counter()
             state.step = step + 1
             state.version += 1
             source.advance(state.version)
-            if state.version % lcfg.publish_every == 0:
+            if state.version % lcfg.publish_every == 0 or rcfg.lag:  # lag: the source keeps k + 1
                 published = make_snapshot(model, state.version, lcfg)
                 source.publish(published)
             source.record_train_time(t2 - t1)
@@ -203,6 +229,7 @@ def run(
                 current = make_snapshot(model, state.version, lcfg)
                 row |= evaluate_now(engine, current, published, task, eval_prompts, config)
             metrics.write(row)
+            source.record_metrics(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
                 save()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from echo2.config import Config
+from echo2.config import Config, ConfigError
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
 from echo2.records import Snapshot, Trajectory
@@ -48,6 +48,15 @@ class RolloutSource(Protocol):
 
     def record_train_time(self, seconds: float) -> None:
         """The learner's step time, for T_train and the bubble ratio."""
+        ...
+
+    def record_metrics(self, row: dict[str, Any]) -> None:
+        """The step's metrics row (the coordinator's GET /status shows its `offpolicy/*` keys)."""
+        ...
+
+    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
+        """The learner refused these records after taking them (learning/verify.py): count them,
+        strike the workers that made them; returns those workers."""
         ...
 
     def timings(self) -> dict[str, Any]:
@@ -86,6 +95,7 @@ def make_source(
     engine: Engine,
     vocab_size: int,
     run_dir: Path,
+    tokenizer=None,
 ) -> RolloutSource:
     """The rollout source `spec` names, filling `buffer`. `engine` generates for the in-process
     source; a remote source serves a coordinator (listening when this returns)."""
@@ -93,6 +103,8 @@ def make_source(
         return LocalRollout(
             engine=engine, task=task, buffer=buffer, config=config.rollout, seed=config.run.seed
         )
+    if config.rollout.lag:
+        raise ConfigError("rollout.lag: only the in-process loop (no workers) generates with a fixed lag")
     from echo2.control.remote import RemoteRollout  # aiohttp, the coordinator
 
     on_start = [hook for hook in (spec.fleet and spec.fleet.start, spec.on_ready) if hook]
@@ -101,6 +113,7 @@ def make_source(
         task=task,
         buffer=buffer,
         vocab_size=vocab_size,
+        tokenizer=tokenizer,
         provider=spec.fleet if config.scheduler.provider == "local" else None,
         run_dir=run_dir,
         on_start=on_start,

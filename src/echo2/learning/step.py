@@ -2,10 +2,14 @@
 
 Owns micro-batching by token budget, the forward pass (logits only for response positions), the
 backward pass, gradient clipping and the AdamW step. Knows nothing of where the records came from.
+With a `StepCheck` (learning/verify.py) it leaves out records whose behaviour log-probs disagree
+with its own, and never applies a step whose loss or gradient is not finite.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -13,10 +17,14 @@ import torch
 from echo2.config import LearnerConfig
 from echo2.data.tasks.base import TrainBatch, to_tensors
 from echo2.learning import distributed
+from echo2.learning.corrections import ratio_diagnostics
 from echo2.learning.device import on_device, precision
 from echo2.learning.grpo import batch_advantages, group_advantages, grpo_loss
+from echo2.learning.verify import StepCheck, finite, logratio_outliers
 from echo2.models import token_logprobs
 from echo2.records import Trajectory
+
+logger = logging.getLogger(__name__)
 
 
 def micro_batches(records: list[Trajectory], budget: int) -> Iterator[list[int]]:
@@ -56,7 +64,16 @@ def train_step(
     pad_id: int,
     temperature: float,
     ref_model=None,
+    staleness: list[int] | None = None,
+    check: StepCheck | None = None,
 ) -> dict[str, float]:
+    """One optimizer update on `groups`. `staleness` (per record, in order) splits the
+    `offpolicy/*` ratio diagnostics by staleness; default all 0.
+
+    Proximal log-probs (correction "decoupled") cost no extra forward pass: the step takes exactly
+    one optimizer update, so the learner's weights at the start of the step are those of this
+    forward pass and log pi_prox is its detached log pi_theta.
+    """
     rewards = torch.tensor([[r.reward for r in g] for g in groups])
     by_batch = groups[0][0].metadata.get("grouping") == "batch"  # the task's grouping tag (F.5.2)
     normalise = batch_advantages if by_batch else group_advantages
@@ -64,10 +81,13 @@ def train_step(
     records = [r for g in groups for r in g]
     adv_flat = advantages.flatten().tolist()
     num_tokens = max(1, sum(sum(r.loss_mask) for r in records))
+    newest = max(r.version for r in records)
 
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+    record_staleness = staleness or [0] * len(records)
+    token_log_ratio, token_corrected, token_staleness = [], [], []
     for rows, live in distributed.share(micro_batches(records, config.micro_batch_tokens), records):
         batch = to_tensors([records[i] for i in rows], pad_id=pad_id, advantages=[adv_flat[i] for i in rows])
         batch = on_device(batch, model)
@@ -75,6 +95,8 @@ def train_step(
             continue
         with precision(model, config):
             logp = response_logprobs(model, batch, temperature=temperature)
+            if check is not None and check.max_logratio is not None:
+                batch = _leave_out_outliers(batch, logp, [records[i] for i in rows], check, newest)
             ref_logp = None
             if ref_model is not None:
                 with torch.no_grad():
@@ -89,6 +111,9 @@ def train_step(
             num_tokens=num_tokens,
             ref_logp=ref_logp,
             beta=config.kl_beta,
+            correction=config.correction,
+            dual_clip_delta=config.dual_clip_delta,
+            is_cap=config.is_cap,
         )
         (loss if live else loss * 0).backward()  # a dead micro-batch only keeps ranks in step
         if not live:
@@ -99,16 +124,57 @@ def train_step(
         totals["kl"] += stats.kl
         totals["clip_fraction"] += stats.clip_fraction * share
         totals["ratio_mean"] += stats.ratio_mean * share
+        token_log_ratio.append(stats.token_log_ratio.cpu())
+        token_corrected.append(stats.token_corrected.cpu())
+        row_staleness = torch.tensor([record_staleness[i] for i in rows]).unsqueeze(1)
+        token_staleness.append(row_staleness.expand_as(batch.loss_mask)[batch.loss_mask.cpu() > 0])
     totals = distributed.sum_stats(totals)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
+    applied = finite(totals["loss"], distributed.scalar(grad_norm))
+    if applied:
+        optimizer.step()
+    else:  # a NaN or inf would reach every weight and every worker: drop the step whole
+        optimizer.zero_grad(set_to_none=True)
+        if check is not None:
+            check.skipped = True
+        logger.warning(
+            "step skipped: loss %s, gradient norm %s", totals["loss"], distributed.scalar(grad_norm)
+        )
+    diagnostics = {}
+    if token_log_ratio:  # this rank's tokens (under torchrun: rank 0's share of the step)
+        diagnostics = ratio_diagnostics(
+            torch.cat(token_log_ratio),
+            torch.cat(token_corrected),
+            torch.cat(token_staleness),
+            max_staleness=max(record_staleness),
+        )
     return {
         **{f"train/{k}": v for k, v in totals.items()},
+        **diagnostics,
         "train/grad_norm": distributed.scalar(grad_norm),
         "train/tokens": float(sum(len(r.prompt_ids) + len(r.response_ids) for r in records)),
         "train/loss_tokens": float(num_tokens),
         "train/adv_abs_mean": float(advantages.abs().mean()),
+        "train/skipped_step": 0.0 if applied else 1.0,
+        "train/refused_records": float(len(check.refused)) if check is not None else 0.0,
     }
+
+
+def _leave_out_outliers(batch, logp: torch.Tensor, rows: list[Trajectory], check: StepCheck, newest: int):
+    """`batch` without the rows whose log-probs disagree with `logp`: their mask is zeroed and their
+    behaviour log-probs replaced by the learner's (a ratio of 1), so not even an overflowing ratio
+    multiplied by zero reaches the loss."""
+    bad = logratio_outliers(logp, batch.behaviour_logprobs, batch.loss_mask, check.bounds(rows, newest))
+    if not bool(bad.any()):
+        return batch
+    check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)
+    keep = (~bad).to(batch.loss_mask.dtype).unsqueeze(1)
+    own = logp.detach().to(batch.behaviour_logprobs.dtype)
+    return dataclasses.replace(
+        batch,
+        loss_mask=batch.loss_mask * keep,
+        behaviour_logprobs=torch.where(bad.unsqueeze(1), own, batch.behaviour_logprobs),
+    )
 
 
 def make_optimizer(model, config: LearnerConfig) -> torch.optim.Optimizer:

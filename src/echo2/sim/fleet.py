@@ -159,6 +159,8 @@ class Fleet:
         sc = self.world.sc
         return capacity.target_throughput(
             kappa=self.world.kappa,
+            staleness=sc.learner.staleness,
+            model=sc.capacity_model,
             t_train=t_train,
             t_bcast=t_bcast,
             batch=sc.learner.batch,

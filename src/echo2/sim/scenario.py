@@ -40,7 +40,7 @@ class LearnerSpec(_Section):
     staleness: int = Field(ge=0)
     """S: the learner consumes only records with version >= v_learner - S."""
     kappa: int | None = Field(None, ge=1)
-    """Publish a snapshot every kappa steps; default max(1, S - 1); at most max(1, S)."""
+    """Publish a snapshot every kappa steps; default max(1, S - 1), also its largest value."""
     price: float = Field(0.0, ge=0, allow_inf_nan=False)
     """USD per hour of the learner's machines."""
     snapshot_gb: float = Field(gt=0, allow_inf_nan=False)
@@ -147,6 +147,10 @@ class SchedulerSpec(_Section):
     """A worker silent this long is marked lost (and excised from the chain it relays for)."""
     startup_s: float = Field(0.0, ge=0)
     """Boot time of an activated worker before it fetches the current snapshot."""
+    model: Literal["continuous", "paper"] | None = None
+    """Capacity model of the target and the initial pool (control/capacity.py); default follows
+    rollout.keep_generating: "continuous" when workers keep generating (echo2), "paper" when they
+    stop during a broadcast (the paper's assumption)."""
 
 
 class FaultSpec(_Section):
@@ -250,6 +254,13 @@ class Scenario(_Section):
         if self.warmup_steps is not None and self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps: {self.warmup_steps} leaves no step of {self.steps} to measure")
         return self
+
+    @property
+    def capacity_model(self) -> Literal["continuous", "paper"]:
+        """The capacity model the scheduler and `echo2 plan` use for this scenario."""
+        if self.scheduler.model is not None:
+            return self.scheduler.model
+        return "continuous" if self.rollout.keep_generating else "paper"
 
     def worker_ids(self) -> list[str]:
         return [f"{w.name}-{i}" for w in self.workers for i in range(w.count)]

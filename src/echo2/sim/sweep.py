@@ -45,6 +45,7 @@ def plan_feasible(sc: Scenario, m: dict[str, Any]) -> bool | None:
         kappa=sc.learner.publish_every,
         gamma=1.0,
         learner_price=sc.learner.price,
+        model=sc.capacity_model,
     )
     return bool(make_plan(inp, pool)["feasible"])
 

@@ -71,3 +71,5 @@ class ArithmeticTask:
         return Score(reward=1.0 if correct else 0.0, correct=correct, parsed=parsed)
 
     loss_mask = staticmethod(full_loss_mask)
+    reward_range = (0.0, 1.0)
+    verifiable = True

@@ -76,6 +76,14 @@ class Task(Protocol):
         """Which response tokens carry loss."""
         ...
 
+    reward_range: tuple[float, float]
+    """(low, high): every reward `score` can give. The coordinator refuses records outside it.
+    Optional: a task without it gets control/validate.py's DEFAULT_REWARD_RANGE."""
+    verifiable: bool
+    """Whether `score` is a deterministic function of prompt and response text, so the learner
+    re-scores each record and refuses those whose reward disagrees. Optional (default True); a
+    task scored by a judge model or a live opponent sets it False."""
+
 
 def stable_id(*parts: object) -> str:
     return hashlib.sha1("/".join(map(str, parts)).encode()).hexdigest()[:16]

@@ -105,3 +105,5 @@ class MathTask:
         return Score(reward=1.0 if correct else 0.0, correct=correct, parsed=str(pred[-1]))
 
     loss_mask = staticmethod(full_loss_mask)
+    reward_range = (0.0, 1.0)
+    verifiable = True

@@ -1,0 +1,237 @@
+"""The staleness study: held-out accuracy and reward against a controlled rollout lag and the
+off-policy correction, on the quickstart task (docs/staleness.md).
+
+Each row is one `echo2 run` (in-process loop, `--rollout.lag=k --learner.staleness=k`), or the one
+real-worker row (`echo2 run --workers 2 --learner.staleness=4`). Rows run one after another in
+order of importance; after every row the results JSON, the markdown table and the plot are
+rewritten, so a partial study is reportable. A row already in the results is skipped (--force
+reruns it). Run one row alone with --only:
+
+    python bench/staleness_study.py                                   # the whole grid
+    python bench/staleness_study.py --only lag=4,correction=tis,seed=0
+    python bench/staleness_study.py --only workers=2,seed=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (lag, correction, seed) in the order the study runs them: the comparisons the recommendation
+# rests on first (lag 0 and 8 with clip, lag 4 with clip, lag 8 under each correction).
+GRID: list[dict] = [
+    {"lag": 0, "correction": "clip", "seed": 0},
+    {"lag": 8, "correction": "clip", "seed": 0},
+    {"lag": 4, "correction": "clip", "seed": 0},
+    {"lag": 8, "correction": "dual_clip", "seed": 0},
+    {"lag": 8, "correction": "tis", "seed": 0},
+    {"lag": 0, "correction": "clip", "seed": 1},
+    {"lag": 8, "correction": "clip", "seed": 1},
+    {"lag": 8, "correction": "decoupled", "seed": 0},
+    {"workers": 2, "staleness": 4, "correction": "clip", "seed": 0},
+    {"lag": 2, "correction": "clip", "seed": 0},
+    {"lag": 1, "correction": "clip", "seed": 0},
+    {"lag": 4, "correction": "dual_clip", "seed": 0},
+    {"lag": 4, "correction": "tis", "seed": 0},
+    {"lag": 4, "correction": "decoupled", "seed": 0},
+    # second seeds where the machine allows, most important first
+    {"lag": 4, "correction": "clip", "seed": 1},
+    {"lag": 8, "correction": "dual_clip", "seed": 1},
+    {"lag": 8, "correction": "tis", "seed": 1},
+    {"lag": 2, "correction": "clip", "seed": 1},
+    {"lag": 1, "correction": "clip", "seed": 1},
+]
+
+
+def row_name(row: dict) -> str:
+    if "workers" in row:
+        return (
+            f"workers={row['workers']},S={row['staleness']},correction={row['correction']},seed={row['seed']}"
+        )
+    return f"lag={row['lag']},correction={row['correction']},seed={row['seed']}"
+
+
+def matches(row: dict, only: str) -> bool:
+    """--only k=v,k=v: every given key equals the row's value (as text)."""
+    wanted = dict(part.split("=", 1) for part in only.split(","))
+    return all(str(row.get(k)) == v for k, v in wanted.items())
+
+
+def command(row: dict, args, run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "echo2.cli", "run", args.config]
+    if "workers" in row:
+        cmd += [f"--workers={row['workers']}", f"--learner.staleness={row['staleness']}"]
+    else:
+        cmd += [f"--rollout.lag={row['lag']}", f"--learner.staleness={row['lag']}"]
+    return cmd + [
+        f"--learner.correction={row['correction']}",
+        f"--run.seed={row['seed']}",
+        f"--learner.steps={args.steps}",
+        f"--learner.lr={args.lr}",
+        f"--rollout.prompts_per_step={args.prompts_per_step}",
+        f"--rollout.group_size={args.group_size}",
+        f"--run.eval_size={args.eval_size}",
+        f"--run.eval_every={args.eval_every}",
+        f"--run.threads={args.threads}",
+        f"--run.dir={run_dir}",
+        "-q",
+    ]
+
+
+def summarise(row: dict, run_dir: Path, wall_s: float, cmd: list[str]) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    tail = metrics[-5:]
+
+    def mean(key: str, rows=metrics) -> float | None:
+        values = [m[key] for m in rows if key in m]
+        return statistics.fmean(values) if values else None
+
+    before = summary["eval_before"]["eval/accuracy"]
+    after = summary["eval_after"]["eval/accuracy"]
+    return {
+        **row,
+        "name": row_name(row),
+        "steps": summary["steps"],
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "eval_count": summary["eval_after"]["eval/count"],
+        "reward_first5": mean("reward/mean", metrics[:5]),
+        "reward_last5": mean("reward/mean", tail),
+        "ratio_p99_mean": mean("offpolicy/ratio_p99"),
+        "ratio_p99_max": max(m.get("offpolicy/ratio_p99", 0.0) for m in metrics),
+        "ratio_max": max(m.get("offpolicy/ratio_max", 0.0) for m in metrics),
+        "corrected_fraction_mean": mean("offpolicy/corrected_fraction"),
+        "kl_behaviour_mean": mean("offpolicy/kl_behaviour"),
+        "staleness_mean": mean("staleness/mean"),
+        "staleness_histogram": summary["staleness_histogram"],
+        "curve": {
+            "step": [m["step"] for m in metrics],
+            "reward": [m["reward/mean"] for m in metrics],
+            "ratio_p99": [m.get("offpolicy/ratio_p99") for m in metrics],
+            "eval_step": [0] + [m["step"] + 1 for m in metrics if "eval/accuracy" in m],
+            "eval_accuracy": [before] + [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m],
+        },
+        "time_step_median_s": statistics.median(m["time/step"] for m in metrics),
+        "wall_s": wall_s,
+        "command": " ".join(["python", *cmd[1:]]),
+    }
+
+
+def fmt(value, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| row | lag / S | correction | seed | held-out before | after | reward first 5 | last 5 "
+        "| ratio p99 (mean / max over steps) | clipped/truncated | KL(mu ‖ pi), k3 | median step s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        lag = f"S={r['staleness']} (workers)" if "workers" in r else str(r["lag"])
+        lines.append(
+            f"| `{r['name']}` | {lag} | {r['correction']} | {r['seed']} | {fmt(r['accuracy_before'])} "
+            f"| **{fmt(r['accuracy_after'])}** | {fmt(r['reward_first5'], 2)} | {fmt(r['reward_last5'], 2)} "
+            f"| {fmt(r['ratio_p99_mean'])} / {fmt(r['ratio_p99_max'])} | {fmt(r['corrected_fraction_mean'])} "
+            f"| {fmt(r['kl_behaviour_mean'], 4)} | {fmt(r['time_step_median_s'], 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {0: "black", 1: "tab:blue", 2: "tab:green", 4: "tab:orange", 8: "tab:red"}
+    styles = {"clip": "-", "dual_clip": "--", "tis": ":", "decoupled": "-."}
+    fig, (ax_acc, ax_rew) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in results:
+        colour = "tab:purple" if "workers" in r else colours.get(r["lag"], "grey")
+        kw = {"color": colour, "linestyle": styles[r["correction"]], "label": r["name"], "alpha": 0.85}
+        c = r["curve"]
+        ax_acc.plot(c["eval_step"], c["eval_accuracy"], marker="o", **kw)
+        window = 5
+        smooth = [
+            statistics.fmean(c["reward"][max(0, i - window + 1) : i + 1]) for i in range(len(c["reward"]))
+        ]
+        ax_rew.plot(c["step"], smooth, **kw)
+    ax_acc.set(xlabel="learner step", ylabel="held-out greedy accuracy", title="held-out accuracy")
+    ax_rew.set(xlabel="learner step", ylabel="rollout reward (moving mean of 5)", title="reward per step")
+    ax_rew.legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/quickstart.toml")
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--prompts-per-step", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument(
+        "--eval-size", type=int, default=100, help="held-out problems (68 distinct at difficulty 1)"
+    )
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", help="run only the rows matching k=v,k=v (e.g. lag=4,correction=tis,seed=0)")
+    p.add_argument("--force", action="store_true", help="rerun rows already in the results")
+    p.add_argument("--runs", default="runs/staleness_study", help="run directories, one per row")
+    p.add_argument("--json", default="docs/bench/staleness_study.json")
+    p.add_argument("--table", default="docs/bench/staleness_study.md")
+    p.add_argument("--plot", default="docs/staleness.png")
+    args = p.parse_args()
+
+    rows = [r for r in GRID if not args.only or matches(r, args.only)]
+    if not rows:
+        sys.exit(f"--only: no row of the grid matches {args.only!r}")
+    out = Path(args.json)
+    results = json.loads(out.read_text())["rows"] if out.exists() else []
+    settings = {k: getattr(args, k) for k in ("config", "steps", "lr", "prompts_per_step", "group_size", "eval_size", "eval_every", "threads")}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for row in rows:
+        name = row_name(row)
+        if not args.force and any(r["name"] == name for r in results):
+            print(f"skip {name} (in {out}; --force reruns it)", flush=True)
+            continue
+        run_dir = Path(args.runs) / name.replace(",", "_").replace("=", "")
+        shutil.rmtree(run_dir, ignore_errors=True)  # a row reruns from scratch
+        cmd = command(row, args, run_dir)
+        print(f"{time.strftime('%H:%M:%S')} start {name}: {' '.join(cmd[1:])}", flush=True)
+        start = time.perf_counter()
+        done = subprocess.run(cmd, env=env, cwd=ROOT, check=False)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            print(f"{name}: exit status {done.returncode}, not recorded", flush=True)
+            continue
+        result = summarise(row, run_dir, wall, cmd)
+        results = [r for r in results if r["name"] != name] + [result]
+        order = [row_name(g) for g in GRID]
+        results.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+        write_json(args.json, {"settings": settings, "rows": results})
+        Path(args.table).write_text(table(results))
+        plot(results, Path(args.plot))
+        print(
+            f"{time.strftime('%H:%M:%S')} done {name} in {wall:.0f} s: held-out "
+            f"{result['accuracy_before']:.3f} -> {result['accuracy_after']:.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Which workers' records keep failing verification: strikes, quarantine, and who made each group.
+
+Pure bookkeeping, no lock (the state façade in state.py holds one), no I/O. A refusal an honest
+worker never earns (a forged reward, a fabricated log-prob, a prompt that is not the leased one:
+`INTEGRITY`) is a strike against the worker that sent it; after `quarantine_after` strikes the
+worker is quarantined: it gets no more leases and its pushes are refused, and /status shows it.
+Stale records and expired leases are the network's doing and never strike. The learner's own
+refusals after training (log-probs that disagree with its recomputation) strike too, through the
+group -> worker map kept here. Does not know leases or the registry: the façade puts a quarantined
+worker's leases back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+from echo2.control.errors import Reason
+
+INTEGRITY = frozenset(
+    {
+        Reason.NON_FINITE_REWARD,
+        Reason.REWARD_OUT_OF_RANGE,
+        Reason.BAD_LOGPROB,
+        Reason.BAD_MASK,
+        Reason.DUPLICATE_ID,
+        Reason.WRONG_PROMPT,
+        Reason.REWARD_MISMATCH,
+        Reason.LOGPROB_MISMATCH,
+        Reason.WRONG_GROUP,
+        Reason.FUTURE_VERSION,
+        Reason.OUT_OF_VOCAB,
+        Reason.TOO_LONG,
+        Reason.MALFORMED,
+    }
+)
+"""Refusals an honest worker never earns: each is a strike."""
+ORIGINS = 65536
+"""Groups whose generating worker is remembered (for the learner's flags after training)."""
+
+
+class Integrity:
+    def __init__(self, *, quarantine_after: int) -> None:
+        assert quarantine_after >= 1
+        self.quarantine_after = quarantine_after
+        self.strikes: Counter[str] = Counter()
+        self.quarantined: set[str] = set()
+        self.flagged: Counter[str] = Counter()
+        """Records the learner refused after taking them, by reason."""
+        self.origin: OrderedDict[str, str] = OrderedDict()
+        """Group id -> the worker whose push stored it (the newest `ORIGINS` groups)."""
+
+    def strike(self, worker_id: str, reason: str) -> bool:
+        """Count `reason` against `worker_id`; True when this strike quarantines it."""
+        if reason not in INTEGRITY or worker_id in self.quarantined:
+            return False
+        self.strikes[worker_id] += 1
+        if self.strikes[worker_id] < self.quarantine_after:
+            return False
+        self.quarantined.add(worker_id)
+        return True
+
+    def stored(self, worker_id: str, group_ids: set[str]) -> None:
+        """`worker_id`'s push stored records of these groups."""
+        for gid in group_ids:
+            self.origin[gid] = worker_id
+            self.origin.move_to_end(gid)
+        while len(self.origin) > ORIGINS:
+            self.origin.popitem(last=False)
+
+    def makers(self, group_ids: list[str]) -> list[str]:
+        """The workers that made these groups (those still remembered)."""
+        return sorted({self.origin[g] for g in group_ids if g in self.origin})
+
+    def forget(self, worker_id: str) -> None:
+        """A purged worker: nothing is kept about it."""
+        self.strikes.pop(worker_id, None)
+        self.quarantined.discard(worker_id)
+
+    def status(self) -> dict:
+        return {
+            "quarantined": sorted(self.quarantined),
+            "strikes": dict(self.strikes),
+            "flagged": dict(self.flagged),
+        }

@@ -1,0 +1,154 @@
+"""Validation at the coordinator's door: what a record, a body or a logged string may look like before
+anything of the state is touched.
+
+Pure functions over plain values: no lock, no I/O, no state. The wire models (protocol.py) check
+types and simple bounds; this module checks what needs a look across fields or into numbers
+(finite rewards inside the task's declared range, log-probs that are log-probabilities, masks that
+are masks, no record id twice in one batch, free-form metadata of bounded depth and size) and
+escapes strings before they reach a log line. The coordinator (coordinator.py) calls it for every
+push and counts a refusal under the reason it returns; the coordinator state never sees a batch that
+fails here. What it cannot know (the prompt the coordinator leased for a group, the reward the task
+gives the response) is checked by a `Referee` (learning/verify.py) inside the state.
+
+Every bound is a module constant, named and documented, so docs/security-door.md can quote them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from echo2.config import ConfigError
+from echo2.records import Trajectory
+
+DEFAULT_REWARD_RANGE = (-1e6, 1e6)
+"""Rewards a task that declares no `reward_range` may give (far from float32 overflow of the
+group std, which squares them)."""
+LOGPROB_TOLERANCE = 1e-3
+"""A behaviour log-prob may exceed 0 by this much (rounding of log-softmax in low precision)."""
+MIN_LOGPROB = -1e3
+"""No sampler draws a token of probability e^-1000; lower values are fabricated, and their
+importance ratio exp(logp - behaviour) would overflow."""
+METADATA_DEPTH = 8
+"""Nesting levels of a record's metadata (a dict at the top counts as one)."""
+METADATA_NODES = 256
+"""Values (containers, strings, numbers) in one record's metadata."""
+METADATA_CHARS = 8192
+"""Characters of all keys and strings in one record's metadata."""
+SMALL_BODY = 256 * 1024
+"""Bytes of a request body on every endpoint but `POST /v1/trajectories` (which has `max_body`)."""
+LOG_CHARS = 200
+"""Characters of one peer-supplied string in a log line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    """Why a batch is refused: a reason code (errors.Reason) and a detail naming the record."""
+
+    reason: str
+    detail: str
+
+
+class Referee(Protocol):
+    """Checks what only the task can: implemented by `TaskReferee` (learning/verify.py)."""
+
+    def check(self, record: Trajectory, index: int) -> Problem | None:
+        """The problem with `record`, generated for training prompt `index`, or None."""
+        ...
+
+
+# ---------------------------------------------------------------------------- strings
+def printable(text: object, limit: int = LOG_CHARS) -> str:
+    """`text` safe for one log line: control characters (newlines included) escaped, cut to `limit`."""
+    s = str(text)
+    if len(s) > limit:
+        s = s[:limit] + "..."
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+# ---------------------------------------------------------------------------- metadata
+def metadata_problem(
+    value: Any, *, depth: int = METADATA_DEPTH, nodes: int = METADATA_NODES, chars: int = METADATA_CHARS
+) -> str | None:
+    """What is wrong with a record's metadata (too deep, too many values, too long, a non-finite
+    number), or None. Iterative, so a hostile depth cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen = used = 0
+    while stack:
+        item, level = stack.pop()
+        seen += 1
+        if seen > nodes:
+            return f"metadata has over {nodes} values"
+        if isinstance(item, dict | list):
+            if level > depth:
+                return f"metadata nested deeper than {depth}"
+            if isinstance(item, dict):
+                used += sum(len(str(k)) for k in item)
+                stack.extend((v, level + 1) for v in item.values())
+            else:
+                stack.extend((v, level + 1) for v in item)
+        elif isinstance(item, str):
+            used += len(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "metadata holds a non-finite number"
+        if used > chars:
+            return f"metadata over {chars} characters"
+    return None
+
+
+# ---------------------------------------------------------------------------- records
+def record_problem(record: Trajectory, *, reward_range: tuple[float, float]) -> Problem | None:
+    """The first rule `record` breaks, or None. Lengths and a finite reward are already enforced by
+    `Trajectory` itself; this adds the numbers' ranges."""
+    where = f"record {printable(record.record_id, 64)}"
+    low, high = reward_range
+    if not math.isfinite(record.reward):
+        return Problem(reason="non_finite_reward", detail=f"{where}: reward {record.reward}")
+    if not low <= record.reward <= high:
+        return Problem(
+            reason="reward_out_of_range",
+            detail=f"{where}: reward {record.reward:g} outside [{low:g}, {high:g}]",
+        )
+    for lp in record.behaviour_logprobs:
+        if not (MIN_LOGPROB <= lp <= LOGPROB_TOLERANCE):  # NaN fails both comparisons
+            return Problem(
+                reason="bad_logprob",
+                detail=f"{where}: behaviour log-prob {lp} outside [{MIN_LOGPROB:g}, {LOGPROB_TOLERANCE:g}]",
+            )
+    if any(m != 0 and m != 1 for m in record.loss_mask):
+        bad = next(m for m in record.loss_mask if m != 0 and m != 1)
+        return Problem(reason="bad_mask", detail=f"{where}: loss mask value {bad} is not 0 or 1")
+    return None
+
+
+def batch_problem(records: Iterable[Trajectory], *, reward_range: tuple[float, float]) -> Problem | None:
+    """The first problem of a batch: a record id twice, or a record that breaks a rule."""
+    ids: set[str] = set()
+    for record in records:
+        if record.record_id in ids:
+            return Problem(
+                reason="duplicate_id",
+                detail=f"record id {printable(record.record_id, 64)} twice in one batch",
+            )
+        ids.add(record.record_id)
+        problem = record_problem(record, reward_range=reward_range)
+        if problem is not None:
+            return problem
+    return None
+
+
+def reward_range(task: object) -> tuple[float, float]:
+    """The rewards `task` declares it gives (`reward_range`), else `DEFAULT_REWARD_RANGE`; refuses a
+    declaration that is not two finite numbers, low <= high."""
+    declared = getattr(task, "reward_range", DEFAULT_REWARD_RANGE)
+    try:
+        low, high = (float(x) for x in declared)
+    except (TypeError, ValueError):
+        raise ConfigError(f"task reward_range: must be two numbers, not {declared!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ConfigError(f"task reward_range: must be finite with low <= high, not {declared!r}")
+    return low, high

@@ -1,0 +1,113 @@
+"""What the learner verifies itself before a worker's record moves its weights.
+
+Workers are untrusted: the coordinator's door (control/validate.py) refuses what is malformed, and
+this module checks what only the learner's side can.
+
+- `TaskReferee` (run by the coordinator state at ingestion, in the learner's process): a record's
+  prompt ids must be the tokens of the prompt leased for its group, its loss mask the task's, and
+  its reward (and `correct` flag) what the task's own reward function gives the decoded response.
+  A task that cannot be re-scored (a judge model, a game against a live opponent) declares
+  `verifiable = False`; its prompts and masks are still checked.
+- `StepCheck` (run inside `train_step`): a record whose behaviour log-probs disagree with the
+  learner's own recomputation, beyond what its staleness explains, is left out of the step and
+  reported; a step whose loss or gradient is not finite is not applied.
+
+Knows tasks, tokenizers and tensors; no network, no coordinator state (it returns problems and
+lists; the caller counts them and strikes the workers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from echo2.control.validate import Problem, printable
+from echo2.data.tasks.base import Prompt, Task
+from echo2.records import Trajectory
+from echo2.rollout.engine import encode_prompt
+
+REWARD_TOLERANCE = 1e-6
+"""Relative difference between a record's reward and the re-scored one that still agrees."""
+PROMPTS_CACHED = 4096
+"""Leased prompts whose token ids are kept (each is tokenized once, not once per record)."""
+
+
+class TaskReferee:
+    """Implements `control.validate.Referee` with the task and the learner's tokenizer."""
+
+    def __init__(self, task: Task, tokenizer) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.verifiable = bool(getattr(task, "verifiable", True))
+        self._prompt = lru_cache(maxsize=PROMPTS_CACHED)(self._encode)
+
+    def _encode(self, index: int) -> tuple[Prompt, tuple[int, ...]]:
+        prompt = self.task.train_prompt(index)
+        return prompt, tuple(encode_prompt(self.tokenizer, prompt))
+
+    def check(self, record: Trajectory, index: int) -> Problem | None:
+        where = f"record {printable(record.record_id, 64)}"
+        prompt, ids = self._prompt(index)
+        if record.prompt_ids != ids:
+            return Problem(
+                reason="wrong_prompt", detail=f"{where}: prompt ids are not those of the leased prompt"
+            )
+        if tuple(record.loss_mask) != tuple(self.task.loss_mask(record.response_ids)):
+            return Problem(reason="bad_mask", detail=f"{where}: loss mask is not the task's")
+        if not self.verifiable:
+            return None
+        score = self.task.score(prompt, self.tokenizer.decode(record.response_ids, skip_special_tokens=True))
+        if not math.isclose(score.reward, record.reward, rel_tol=REWARD_TOLERANCE, abs_tol=REWARD_TOLERANCE):
+            return Problem(
+                reason="reward_mismatch",
+                detail=f"{where}: reward {record.reward:g}, the task gives {score.reward:g}",
+            )
+        claimed = record.metadata.get("correct")
+        if claimed is not None and claimed != score.correct:
+            return Problem(
+                reason="reward_mismatch",
+                detail=f"{where}: correct={claimed!r}, the task says {score.correct}",
+            )
+        return None
+
+
+# ---------------------------------------------------------------------------- inside the step
+@dataclass(slots=True, kw_only=True)
+class StepCheck:
+    """What `train_step` verifies, and what it refused."""
+
+    max_logratio: float | None
+    """Bound on |mean over a record's loss tokens of (learner log-prob - behaviour log-prob)| for a
+    fresh record; a record s versions stale gets (1 + s) times it. None: no check."""
+    learner_version: int | None = None
+    """The version the step trains from (None: the newest record's version + `staleness`, the
+    loosest admissible, as ranks > 0 under torchrun see it)."""
+    staleness: int = 0
+    refused: list[Trajectory] = field(default_factory=list)
+    """Records left out of the step: their log-probs disagree with the learner's."""
+    skipped: bool = False
+    """The step was not applied (loss or gradient not finite)."""
+
+    def bounds(self, records: list[Trajectory], newest: int) -> torch.Tensor:
+        """Per-record bound [B] on the mean log-ratio."""
+        assert self.max_logratio is not None
+        version = self.learner_version if self.learner_version is not None else newest + self.staleness
+        return torch.tensor([self.max_logratio * (1 + max(0, version - r.version)) for r in records])
+
+
+def logratio_outliers(
+    logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, bounds: torch.Tensor
+) -> torch.Tensor:
+    """Rows [B] whose |mean over loss tokens of (logp - behaviour)| exceeds their bound (or is not
+    finite). logp, behaviour, mask: [B, K]; bounds: [B]."""
+    with torch.no_grad():
+        n = mask.sum(dim=1).clamp(min=1)
+        mean = ((logp.detach().float() - behaviour.float()) * mask).nan_to_num(nan=math.inf).sum(dim=1) / n
+        return ~(mean.abs() <= bounds.to(mean.device))
+
+
+def finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
