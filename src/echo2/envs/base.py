@@ -25,11 +25,12 @@ from echo2.config import EnvTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 
 ANSWER_FORMAT = "<answer> ... </answer>"
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
 def extract_answer(text: str) -> str | None:
-    """The content of the first `<answer>...</answer>` in a reply, stripped; None without one."""
+    """The content of the first `<answer>...</answer>` in a reply, stripped (an `<answer>` left open
+    runs to the end of the reply, as when generation stops at EOS); None without one."""
     found = _ANSWER.search(text)
     return found.group(1).strip() if found else None
 
@@ -53,6 +54,10 @@ class Environment(Protocol):
 
     system_prompt: str
     """The rules and the answer format, sent as the system message."""
+    reply_prefix: str
+    """Text that opens every reply, written by the env rather than sampled (e.g. "<answer>", so a
+    small model only has to name its action); "" for none. `step` receives it back in front of the
+    sampled text."""
 
     def reset(self, seed: int) -> str:
         """Start the episode `seed` names (the same seed gives the same initial state and the same

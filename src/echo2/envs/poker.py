@@ -41,12 +41,11 @@ AUTOMATIONS = (
 )
 STREETS = ("preflop", "flop", "turn", "river")
 SYSTEM = (
-    "You are playing heads-up no-limit Texas hold'em poker against one opponent. Amounts are in "
-    "big blinds (BB). Cards are rank (2-9, T, J, Q, K, A) and suit (c, d, h, s). Reply with one "
-    "action inside <answer></answer>: fold, check, call, or raise N (raise to a total bet of N BB "
-    "on this street). Example: <answer>call</answer>"
+    "Heads-up no-limit Texas hold'em. Amounts in big blinds (BB). Cards: rank (2-9, T, J, Q, K, A) "
+    "and suit (c, d, h, s). Answer with one action: fold, check, call, or raise N (raise to N BB). "
+    "Example: <answer>call</answer>"
 )
-_RAISE = re.compile(r"^(?:raise|bet)(?:\s+to)?\s*([0-9]+(?:\.[0-9]+)?)?\s*(?:bb)?$")
+_ACTION = re.compile(r"\s*(fold|check|call|raise|bet|all[- ]?in)\b(?:\s+to)?\s*([0-9]+(?:\.[0-9]+)?)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,32 +144,35 @@ OPPONENTS = {"random": RandomOpponent, "call_station": CallStation, "rule_based"
 
 # ---------------------------------------------------------------------------- the parser
 def parse_action(text: str, state) -> Action | None:
-    """The action a reply names, made legal where that is a lenient reading; None if malformed."""
+    """The action a reply names, made legal where that is a lenient reading; None if malformed.
+
+    The action is the first word of the answer (anything after it is ignored), with the amount of
+    a raise the number right after it (`raise 6`, `raise to 6bb`, `bet 6`; `all-in` raises to the
+    whole stack; `raise` alone is a minimum raise)."""
     answer = extract_answer(text)
     if answer is None:
         return None
-    word = " ".join(answer.lower().replace("-", " ").split())
+    found = _ACTION.match(answer.lower())
+    if not found:
+        return None
+    word, number = found.group(1).replace(" ", "").replace("-", ""), found.group(2)
     to_call = state.checking_or_calling_amount or 0
+    if word == "bet":
+        word = "raise"
     if word in ("fold", "check", "call"):
         if word == "check" and to_call > 0:
             return None  # facing a bet: a check is illegal
         if word == "fold" and state.can_fold():
             return Action("fold")
         return Action("check_call")
-    if word in ("all in", "allin", "shove"):
-        amount: float | None = float("inf")
-    else:
-        found = _RAISE.match(word)
-        if not found:
-            return None
-        amount = float(found.group(1)) if found.group(1) else None
     if not state.can_complete_bet_or_raise_to():
         return None
     low, high = _raise_range(state)
-    if amount is None:
+    if word == "allin":
+        return Action("raise", high)
+    if number is None:
         return Action("raise", low)
-    chips = high if amount == float("inf") else round(amount * BB)
-    return Action("raise", min(max(chips, low), high))
+    return Action("raise", min(max(round(float(number) * BB), low), high))
 
 
 def default_action(state) -> Action:
@@ -184,8 +186,16 @@ class PokerEnv:
     system_prompt = SYSTEM
 
     def __init__(
-        self, *, opponent: str = "call_station", stack_bb: int = 100, malformed_penalty: float = 1.0
+        self,
+        *,
+        opponent: str = "call_station",
+        stack_bb: int = 100,
+        malformed_penalty: float = 1.0,
+        prefix: bool = True,
     ) -> None:
+        """`prefix`: every reply opens with "<answer>" written by the env (a small model then only
+        names its action); False: the model writes the whole tag itself."""
+        self.reply_prefix = "<answer>" if prefix else ""
         if opponent not in OPPONENTS:
             raise ValueError(f"opponent: one of {', '.join(OPPONENTS)} (got {opponent!r})")
         if stack_bb < 2:
@@ -279,22 +289,19 @@ class PokerEnv:
         s, me = self.state, self.agent
         board = [c for cards in s.board_cards for c in cards]
         to_call = (s.checking_or_calling_amount or 0) / BB
-        moves = ["fold", "call" if to_call else "check"]
+        moves = ["fold", "call"] if to_call else ["check"]
         if s.can_complete_bet_or_raise_to():
             low, high = _raise_range(s)
-            moves.append(f"raise N (N from {low / BB:g} to {high / BB:g})")
-        if to_call == 0:
-            moves.remove("fold")
+            moves.append(f"raise N ({low / BB:g} to {high / BB:g})")
+        seat = "small blind, first to act preflop" if me == 1 else "big blind"
         return "\n".join(
             [
-                f"You are the {'small blind (you act first preflop)' if me == 1 else 'big blind'}.",
-                f"Your cards: {_cards(s.hole_cards[me])}",
-                f"Board: {_cards(board) or '(none)'} ({STREETS[s.street_index or 0]})",
-                f"Pot: {s.total_pot_amount / BB:g} BB. Your stack: {s.stacks[me] / BB:g} BB, "
-                f"opponent's: {s.stacks[1 - me] / BB:g} BB.",
-                f"This street: your bet {s.bets[me] / BB:g}, opponent's {s.bets[1 - me] / BB:g}.",
-                f"History: {'; '.join(self.log) or 'blinds posted'}",
-                f"To call: {to_call:g} BB. Legal: {', '.join(moves)}",
+                f"You: {seat}. Cards: {_cards(s.hole_cards[me])}. "
+                f"Board: {_cards(board) or 'none'} ({STREETS[s.street_index or 0]}).",
+                f"Pot {s.total_pot_amount / BB:g}. Stacks: you {s.stacks[me] / BB:g}, "
+                f"opponent {s.stacks[1 - me] / BB:g}. To call: {to_call:g}.",
+                f"History: {'; '.join(self.log).replace(':;', ':') or 'blinds posted'}.",
+                f"Legal: {', '.join(moves)}.",
             ]
         )
 
@@ -307,15 +314,23 @@ def make_poker(variant: str, options: dict, *, malformed_penalty: float):
     """The env factory for `task.env = "poker:VARIANT?opt=value"` (ValueError names a bad option)."""
     if variant != "heads_up":
         raise ValueError(f"poker variant: only heads_up (got {variant!r})")
-    unknown = set(options) - {"opponent", "stack_bb"}
+    unknown = set(options) - {"opponent", "stack_bb", "prefix"}
     if unknown:
-        raise ValueError(f"unknown poker option(s) {', '.join(sorted(unknown))} (known: opponent, stack_bb)")
-    opponent = str(options.get("opponent", "call_station"))
-    stack_bb = int(options.get("stack_bb", 100))
-    PokerEnv(opponent=opponent, stack_bb=stack_bb)  # validate now, not in the first episode
+        raise ValueError(
+            f"unknown poker option(s) {', '.join(sorted(unknown))} (known: opponent, stack_bb, prefix)"
+        )
+    kwargs = {
+        "opponent": str(options.get("opponent", "call_station")),
+        "stack_bb": options.get("stack_bb", 100),
+        "prefix": options.get("prefix", True),
+        "malformed_penalty": malformed_penalty,
+    }
+    if not isinstance(kwargs["stack_bb"], int) or not isinstance(kwargs["prefix"], bool):
+        raise ValueError("stack_bb must be an integer, prefix true or false")
+    PokerEnv(**kwargs)  # validate now, not in the first episode
 
     def make() -> PokerEnv:
-        return PokerEnv(opponent=opponent, stack_bb=stack_bb, malformed_penalty=malformed_penalty)
+        return PokerEnv(**kwargs)
 
     return make
 

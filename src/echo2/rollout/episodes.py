@@ -49,6 +49,10 @@ class ChatTokens:
         else:
             self._probe = None
             self.close = "\n"
+        self.prefix_text, self.prefix = "", []
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids if text else []
 
     def first(self, prompt: Prompt, *, max_tokens: int) -> list[int]:
         """The initial context; ValueError naming rollout.max_prompt_tokens if it is too long."""
@@ -67,7 +71,19 @@ class ChatTokens:
             text = self.close + full[len(self._probe_text) :]
         if ended_with_eos and self.eos_text and text.startswith(self.eos_text):
             text = text[len(self.eos_text) :]
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        return self.ids(text)
+
+    def after_reply(self, observation: str, *, turn: int, reward: float, ended_with_eos: bool) -> list[int]:
+        """The env's tokens between a reply and the next: `next_user` of the F.4 user message for
+        `turn`, then the env's reply prefix."""
+        message = user_turn(observation, turn=turn, reward=reward)
+        return self.next_user(message, ended_with_eos=ended_with_eos) + self.prefix
+
+    def for_env(self, env: Environment) -> ChatTokens:
+        self.prefix_text = getattr(env, "reply_prefix", "")
+        """Opens every reply (e.g. "<answer>"): an env token, not sampled; the env reads it back."""
+        self.prefix = self.ids(self.prefix_text)
+        return self
 
 
 @dataclass(slots=True, kw_only=True)
@@ -109,7 +125,7 @@ def play(
 ) -> list[list[Episode]]:
     """n episodes from each prompt's initial state, all stepped together turn by turn."""
     cfg = task.config
-    chat = ChatTokens(engine.tokenizer)
+    chat = ChatTokens(engine.tokenizer).for_env(task.make_env())
     eos = engine.tokenizer.eos_token_id
     groups = []
     for prompt in prompts:
@@ -118,7 +134,9 @@ def play(
         for _ in range(n):
             env = task.make_env()
             env.reset(prompt.metadata["env_seed"])
-            group.append(Episode(prompt=prompt, env=env, tokens=list(first), num_prompt=len(first)))
+            e = Episode(prompt=prompt, env=env, tokens=list(first), num_prompt=len(first))
+            e.pending = list(chat.prefix)
+            group.append(e)
         groups.append(group)
     episodes = [e for g in groups for e in g]
     for turn in range(1, cfg.max_turns + 1):
@@ -139,15 +157,16 @@ def play(
         for e, (s,) in zip(active, samples, strict=True):
             e.add(s.response_ids, sampled=True, logprobs=s.logprobs)
             e.turns += 1
-            result = e.env.step(s.text)
+            result = e.env.step(chat.prefix_text + s.text)
             e.rewards.append(result.reward)
             e.malformed += result.malformed
             if result.done:
                 e.done = True
             else:
-                message = user_turn(result.observation, turn=turn + 1, reward=result.reward)
                 ended = bool(s.response_ids) and s.response_ids[-1] == eos
-                e.pending = chat.next_user(message, ended_with_eos=ended)
+                e.pending = chat.after_reply(
+                    result.observation, turn=turn + 1, reward=result.reward, ended_with_eos=ended
+                )
     for e in episodes:
         if not e.done:
             _truncate(e)
