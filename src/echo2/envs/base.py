@@ -114,8 +114,8 @@ class EnvTask:
         self.make_env = make_env
         self.config = config
         self.seed = seed
-        self.reward_range = getattr(make_env(), "reward_range", None)
-        """(low, high) of an episode's return, when the env declares one."""
+        self.reward_range = getattr(make_env(), "reward_range", (-1e6, 1e6))
+        """(low, high) of an episode's return as the env declares it; the coordinator refuses others."""
 
     def _prompt(self, group_id: str, env_seed: int) -> Prompt:
         env = self.make_env()

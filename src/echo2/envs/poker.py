@@ -230,6 +230,7 @@ class PokerEnv:
         if action is None:
             action = default_action(self.state)
         self._play(self.agent, action)
+        applied = self.log[-1]
         self.agent_acted = True
         self._advance()
         done = not self.state.status
@@ -239,7 +240,7 @@ class PokerEnv:
             reward=reward,
             done=done,
             malformed=malformed,
-            action=self.log[-1] if self.log else "",
+            action=applied,
         )
 
     def finish(self) -> float:
