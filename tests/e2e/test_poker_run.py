@@ -41,7 +41,9 @@ def test_poker_with_two_workers_and_staleness(tmp_path, monkeypatch):
          f"--learner.steps={steps}", "--run.eval_size=3", "--coordinator.heartbeat_interval=0.2", "-q"]
     )  # fmt: skip
     assert code == 0
-    config = load_config(TINY, {"task.type": "env", "task.env": POKER[1].split("=", 1)[1], "task.max_turns": 3})
+    config = load_config(
+        TINY, {"task.type": "env", "task.env": POKER[1].split("=", 1)[1], "task.max_turns": 3}
+    )
     task = make_task(config.task, seed=0)
     tokenizer = load_tokenizer(config.model)
     assert len(seen) == steps

@@ -58,7 +58,9 @@ class FakeEngine:
         self.calls.append([list(c) for c in encoded])
         text = ["a", "bb", "ccc"][len(self.calls) - 1]
         ids = tuple(self.tokenizer(text, add_special_tokens=False).input_ids) + (self.tokenizer.eos_token_id,)
-        return [[Sample(prompt_ids=(), response_ids=ids, logprobs=(-0.5,) * len(ids), text=text)] for _ in encoded]
+        return [
+            [Sample(prompt_ids=(), response_ids=ids, logprobs=(-0.5,) * len(ids), text=text)] for _ in encoded
+        ]
 
 
 def _task(**kw) -> EnvTask:
@@ -96,7 +98,9 @@ def test_three_turn_masks_by_hand(tokenizer):
     assert list(rec.loss_mask) == expected
     sampled = [t for t, m in zip(rec.response_ids, rec.loss_mask, strict=True) if m]
     assert sampled == reply["a"] + reply["bb"] + reply["ccc"]
-    assert [lp for lp, m in zip(rec.behaviour_logprobs, rec.loss_mask, strict=True) if m] == [-0.5] * len(sampled)
+    assert [lp for lp, m in zip(rec.behaviour_logprobs, rec.loss_mask, strict=True) if m] == [-0.5] * len(
+        sampled
+    )
     assert all(lp == 0.0 for lp, m in zip(rec.behaviour_logprobs, rec.loss_mask, strict=True) if not m)
     # Each turn was generated from the whole conversation so far.
     assert engine.calls[0][0] == list(rec.prompt_ids)
@@ -125,7 +129,12 @@ def test_returns_and_metadata(tokenizer):
         assert rec.reward == pytest.approx(-1.0 + 0.0 + 3.5)  # R = sum of the step rewards (F.5.2)
         assert rec.version == 7 and rec.group_id == groups[0][0].group_id
         meta = rec.metadata
-        assert (meta["turns"], meta["malformed"], meta["truncated"], meta["grouping"]) == (3, 1, False, "state")
+        assert (meta["turns"], meta["malformed"], meta["truncated"], meta["grouping"]) == (
+            3,
+            1,
+            False,
+            "state",
+        )
     stats = episode_stats(groups[0])
     assert stats["episode/malformed_frac"] == pytest.approx(1 / 3) and stats["episode/turns_mean"] == 3
 
@@ -161,9 +170,15 @@ def test_replay_accepts_the_episode_and_refuses_tampering(tokenizer):
     first_zero = rec.loss_mask.index(0)
     mask = list(rec.loss_mask)
     mask[first_zero] = 1  # an env token claimed as sampled
-    assert replay_problem(task, prompt, dataclasses.replace(rec, loss_mask=tuple(mask)), tokenizer)[0] == "bad_mask"
+    assert (
+        replay_problem(task, prompt, dataclasses.replace(rec, loss_mask=tuple(mask)), tokenizer)[0]
+        == "bad_mask"
+    )
     ids = list(rec.response_ids)
     ids[first_zero + 3] = ids[first_zero + 3] + 1  # a changed observation
-    assert replay_problem(task, prompt, dataclasses.replace(rec, response_ids=tuple(ids)), tokenizer)[0] == "bad_mask"
+    assert (
+        replay_problem(task, prompt, dataclasses.replace(rec, response_ids=tuple(ids)), tokenizer)[0]
+        == "bad_mask"
+    )
     claims = dataclasses.replace(rec, metadata={**rec.metadata, "malformed": 0})
     assert replay_problem(task, prompt, claims, tokenizer)[0] == "reward_mismatch"

@@ -144,7 +144,9 @@ def test_env_spec_and_config_errors():
     )
     task = make_env_task(EnvTaskConfig(env="poker:heads_up?opponent=rule_based"), seed=0)
     assert task.train_prompt(3) == task.train_prompt(3) and task.train_prompt(3) != task.train_prompt(4)
-    assert {p.group_id for p in task.eval_prompts(5)}.isdisjoint(task.train_prompt(i).group_id for i in range(50))
+    assert {p.group_id for p in task.eval_prompts(5)}.isdisjoint(
+        task.train_prompt(i).group_id for i in range(50)
+    )
     for bad in ("poker:heads_up?opponent=shark", "poker:six_max", "chess:x", "poker:heads_up?stack_bb=1",
                 "poker:heads_up?colour=red"):  # fmt: skip
         with pytest.raises(ConfigError, match=r"^task\.env: "):

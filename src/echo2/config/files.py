@@ -97,7 +97,9 @@ def validation_message(e: ValidationError) -> str:
     """One line naming the dotted key of the first problem pydantic found."""
     err = e.errors()[0]
     # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file").
-    loc = [str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom", "env")]
+    loc = [
+        str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom", "env")
+    ]
     msg = err["msg"].removeprefix("Value error, ")
     key = ".".join(loc)
     if not key or msg.startswith(key + ".") or msg.startswith(key + ":"):  # validators name their key
