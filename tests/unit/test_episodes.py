@@ -182,3 +182,17 @@ def test_replay_accepts_the_episode_and_refuses_tampering(tokenizer):
     )
     claims = dataclasses.replace(rec, metadata={**rec.metadata, "malformed": 0})
     assert replay_problem(task, prompt, claims, tokenizer)[0] == "reward_mismatch"
+
+
+def test_the_coordinators_referee_replays_episodes(tokenizer):
+    """`TaskReferee` (run at ingestion) checks an episode against the leased prompt and its replay."""
+    from echo2.learning.verify import TaskReferee
+
+    task = _task()
+    config = load_config(TINY).rollout
+    engine = FakeEngine(tokenizer, config)
+    [[rec]] = collect_episodes(engine, task, [task.train_prompt(5)], n=1, config=config)
+    referee = TaskReferee(task, tokenizer)
+    assert referee.check(rec, 5) is None
+    assert referee.check(rec, 6).reason == "wrong_prompt"
+    assert referee.check(dataclasses.replace(rec, reward=99.0), 5).reason == "reward_mismatch"
