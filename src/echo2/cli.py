@@ -233,42 +233,31 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.command == "learner" or workers or config.scheduler.provider == "local":
         check_port(config.coordinator.host, config.coordinator.port)
     _setup_logging(args.quiet)
-    from echo2.learning.device import check_start
-    from echo2.learning.loop import run  # heavy: torch, transformers
-    from echo2.learning.source import SourceSpec
-    from echo2.rollout.vllm_engine import check_available
+    from echo2.api import Echo2
 
-    check_start(config.learner, resume=bool(args.resume))  # learner.device/dtype, torchrun
-    check_available(config.rollout)  # rollout.engine = vllm needs vllm installed
-
-    fleet = _local_provider(config, args) if config.scheduler.provider == "local" else None
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    if workers:
-        from echo2.rollout.local_fleet import LocalFleet
-
-        fleet = LocalFleet.identical(workers, threads=config.run.threads, emulate=args.emulate)
-    if fleet:
-        config = config.model_copy(
-            update={"run": config.run.model_copy(update={"threads": fleet.learner_threads})}
-        )
-        spec = SourceSpec(fleet=fleet, on_ready=_announce)
-    elif args.command == "learner":
-        spec = SourceSpec(remote=True, on_ready=_announce)
-    else:
-        spec = SourceSpec()
-    try:
-        summary = run(
-            config, run_dir=run_dir, resume=bool(args.resume), progress=not args.quiet, source_spec=spec
-        )
-    finally:
-        if fleet:
-            fleet.stop()
+    summary = Echo2(config, run_dir=run_dir).run(
+        workers=workers,
+        emulate=getattr(args, "emulate", None),
+        serve=args.command == "learner",
+        on_ready=_announce,
+        resume=bool(args.resume),
+        progress=not args.quiet,
+    )
     before, after = summary["eval_before"], summary["eval_after"]
     if before and after:
         print(
             f"held-out accuracy: {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}  ({run_dir})"
         )
+        if "eval/outcome_mean" in after:
+            print(
+                "held-out outcome per episode: "
+                f"{before['eval/outcome_mean']:+.3f} +- {before['eval/outcome_ci95']:.3f} -> "
+                f"{after['eval/outcome_mean']:+.3f} +- {after['eval/outcome_ci95']:.3f} "
+                f"({after['eval/count']:.0f} episodes); malformed actions "
+                f"{before['eval/malformed_frac']:.3f} -> {after['eval/malformed_frac']:.3f}"
+            )
     return 0
 
 
@@ -293,33 +282,6 @@ def _load_pool(path):
         return Pool.model_validate(read_toml(path))
     except ValidationError as e:
         raise ConfigError(f"{path}: {validation_message(e)}") from None
-
-
-def _local_provider(config, args: argparse.Namespace):
-    """The `local` provider's slots: one per worker of each type in scheduler.pool."""
-    from echo2.control.selection import WorkerOffer
-    from echo2.rollout.local_fleet import LocalFleet
-
-    if args.command != "run" or getattr(args, "workers", 0) or getattr(args, "emulate", None):
-        raise ConfigError(
-            "scheduler.provider = local: use `echo2 run` without --workers/--emulate "
-            "(the pool file lists the workers; scheduler.emulate emulates them)"
-        )
-    path = Path(config.scheduler.pool).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"scheduler.pool: no such file {path}")
-    pool = _load_pool(path)
-    offers = [
-        WorkerOffer(name=f"{w.name}-{i}", throughput=w.throughput, price=w.price)
-        for w in pool.workers
-        for i in range(w.count)
-    ]
-    return LocalFleet(
-        offers,
-        initial=config.scheduler.initial_workers,
-        threads=config.run.threads,
-        emulate=config.scheduler.emulate,
-    )
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -115,3 +115,44 @@ def test_an_adapter_snapshot_is_merged_into_the_base_and_a_zero_adapter_restores
     zero = {k: (torch.zeros_like(v) if k.endswith(LORA_B) else v) for k, v in adapter.items()}
     engine.install(Snapshot(version=4, state=zero))
     assert engine.generate(ps, n=1, greedy=True) == base, "base + 0 is the base, recomputed not accumulated"
+
+
+class _ThreeTurns:
+    """A short three-turn environment, so whole episodes fit the module engine's context."""
+
+    system_prompt = "Say a number."
+    reply_prefix = ""
+
+    def reset(self, seed: int) -> str:
+        self.t = 0
+        return f"n={seed % 10}"
+
+    def step(self, action_text: str):
+        from echo2.envs.base import StepResult
+
+        self.t += 1
+        return StepResult(observation=f"n={self.t}", reward=float(self.t), done=self.t == 3)
+
+    def finish(self) -> float:
+        return 0.0
+
+
+def test_multi_turn_episodes_behaviour_logprobs_match(smol):
+    """Episodes played by vLLM (each turn from the whole conversation, prefix-cached): on the
+    reply tokens the learner's recomputation matches the behaviour log-probs, as single-turn."""
+    from echo2.config import EnvTaskConfig
+    from echo2.envs.base import EnvTask
+    from echo2.rollout.episodes import collect_episodes
+
+    engine, model, tok = smol
+    task = EnvTask(_ThreeTurns, EnvTaskConfig(env="three:turns", max_turns=3, max_tokens=256), seed=0)
+    torch.manual_seed(0)
+    groups = collect_episodes(engine, task, [task.train_prompt(i) for i in range(2)], n=2, config=CFG)
+    records = [r for g in groups for r in g]
+    assert all(r.metadata["turns"] >= 2 for r in records), "several turns per episode"
+    batch = to_tensors(records, pad_id=tok.pad_token_id, advantages=[0.0] * len(records))
+    with torch.no_grad():
+        logp = response_logprobs(model, batch, temperature=CFG.temperature)
+    log_ratio = ((logp - batch.behaviour_logprobs) * batch.loss_mask).abs()
+    assert batch.loss_mask.sum() < (batch.targets != tok.pad_token_id).sum(), "env tokens carry no loss"
+    assert log_ratio.max().item() < LOGPROB_TOL

@@ -132,8 +132,10 @@ def anchor_paths(tree: dict[str, Any], base: Path) -> None:
 def validation_message(e: ValidationError) -> str:
     """One line naming the dotted key of the first problem pydantic found."""
     err = e.errors()[0]
-    # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file").
-    loc = [str(p) for p in err["loc"] if p not in ("hf", "gguf", "tiny", "arithmetic", "math", "custom")]
+    # Drop the discriminator tag pydantic inserts ("model.gguf.file" -> "model.file"), only where it
+    # sits (right after the section: "task.env.env" is the env task's `env` field).
+    tags = ("hf", "gguf", "tiny", "arithmetic", "math", "custom", "env")
+    loc = [str(p) for i, p in enumerate(err["loc"]) if not (i == 1 and p in tags)]
     msg = err["msg"].removeprefix("Value error, ")
     key = ".".join(loc)
     if not key or msg.startswith(key + ".") or msg.startswith(key + ":"):  # validators name their key

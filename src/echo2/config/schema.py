@@ -113,7 +113,29 @@ class CustomTaskConfig(_Section):
     its own directory, and relative entries in it are relative to it."""
 
 
-TaskConfig = Annotated[ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, Field(discriminator="type")]
+class EnvTaskConfig(_Section):
+    """A multi-turn environment played in whole episodes (echo2/envs/, docs/tasks.md): the model
+    acts on each turn, the episode's return is the reward, only its own tokens carry loss."""
+
+    type: Literal["env"] = "env"
+    env: str = Field(pattern=r"^\w+:\w+(\?[\w.=&-]*)?$")
+    """`NAME:VARIANT?key=value&...`, e.g. "poker:heads_up?opponent=call_station&stack_bb=20"."""
+    max_turns: int = Field(6, ge=1)
+    """Assistant turns per episode; an episode still running then is finished by the env's
+    default actions (counted as truncated)."""
+    max_tokens: int = Field(1024, ge=16)
+    """Tokens per episode (prompt, actions, observations); no turn starts that could pass it."""
+    malformed_penalty: float = Field(1.0, ge=0)
+    """Subtracted from the reward of each unparseable or illegal action (the env then plays its
+    default action); malformed actions are counted in `episode/malformed_frac`."""
+    grouping: Literal["state", "batch"] = "state"
+    """Advantage normalisation: "state" within the group_size episodes of one initial state (the
+    same deal), "batch" over all episodes of the learner step (paper F.5.2)."""
+
+
+TaskConfig = Annotated[
+    ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig | EnvTaskConfig, Field(discriminator="type")
+]
 
 
 # ---------------------------------------------------------------------------- rollout

@@ -33,6 +33,7 @@ from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits, WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
+from echo2.envs import response_limit
 from echo2.preflight import bind_message
 from echo2.records import Snapshot
 
@@ -83,7 +84,7 @@ class RemoteRollout:
             limits=Limits(
                 vocab_size=vocab_size,
                 max_prompt_tokens=config.rollout.max_prompt_tokens,
-                max_new_tokens=config.rollout.max_new_tokens,
+                max_new_tokens=response_limit(config),
                 group_size=config.rollout.group_size,
                 reward_range=reward_range(task),
             ),

@@ -25,6 +25,13 @@ def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: f
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
+def batch_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """rewards [G, n] -> advantages [G, n] normalised over the whole batch, not per group (grouping
+    by batch, paper F.5.2: episodes of different initial states share one baseline)."""
+    flat = group_advantages(rewards.reshape(1, -1), scale_by_std=scale_by_std, eps=eps)
+    return flat.reshape(rewards.shape)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LossStats:
     loss: float

@@ -38,6 +38,7 @@ from echo2.models import load_model, load_tokenizer
 from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot
 from echo2.rollout.collect import evaluate
+from echo2.rollout.episodes import episode_stats
 from echo2.rollout.vllm_engine import make_engine
 from echo2.tracking import Tracker, signal_stats
 
@@ -220,6 +221,7 @@ def run(
                 "reward/mean": statistics.fmean(r.reward for r in records),
                 "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
                 "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
+                **episode_stats(records),  # multi-turn tasks: malformed actions, turns, outcome
                 **stats,
                 "staleness/mean": statistics.fmean(staleness),
                 "staleness/max": float(max(staleness)),

@@ -19,7 +19,7 @@ from echo2.data.tasks.base import TrainBatch, to_tensors
 from echo2.learning import distributed
 from echo2.learning.corrections import ratio_diagnostics
 from echo2.learning.device import on_device, precision
-from echo2.learning.grpo import group_advantages, grpo_loss
+from echo2.learning.grpo import batch_advantages, group_advantages, grpo_loss
 from echo2.learning.verify import StepCheck, finite, logratio_outliers
 from echo2.models import token_logprobs
 from echo2.records import Trajectory
@@ -75,7 +75,9 @@ def train_step(
     forward pass and log pi_prox is its detached log pi_theta.
     """
     rewards = torch.tensor([[r.reward for r in g] for g in groups])
-    advantages = group_advantages(rewards, scale_by_std=config.scale_adv_by_std, eps=config.adv_eps)
+    by_batch = groups[0][0].metadata.get("grouping") == "batch"  # the task's grouping tag (F.5.2)
+    normalise = batch_advantages if by_batch else group_advantages
+    advantages = normalise(rewards, scale_by_std=config.scale_adv_by_std, eps=config.adv_eps)
     records = [r for g in groups for r in g]
     adv_flat = advantages.flatten().tolist()
     num_tokens = max(1, sum(sum(r.loss_mask) for r in records))

@@ -7,7 +7,8 @@ this module checks what only the learner's side can.
   prompt ids must be the tokens of the prompt leased for its group, its loss mask the task's, and
   its reward (and `correct` flag) what the task's own reward function gives the decoded response.
   A task that cannot be re-scored (a judge model, a game against a live opponent) declares
-  `verifiable = False`; its prompts and masks are still checked.
+  `verifiable = False`; its prompts and masks are still checked. An environment task's episode is
+  replayed against the env (rollout/replay.py): env tokens, masks, return and outcome.
 - `StepCheck` (run inside `train_step`): a record whose behaviour log-probs disagree with the
   learner's own recomputation, beyond what its staleness explains, is left out of the step and
   reported; a step whose loss or gradient is not finite is not applied.
@@ -55,6 +56,11 @@ class TaskReferee:
             return Problem(
                 reason="wrong_prompt", detail=f"{where}: prompt ids are not those of the leased prompt"
             )
+        if getattr(self.task, "is_env", False):  # an episode: replayed against the env
+            from echo2.rollout.replay import replay_problem
+
+            found = replay_problem(self.task, prompt, record, self.tokenizer)
+            return Problem(reason=found[0], detail=f"{where}: {found[1]}") if found else None
         if tuple(record.loss_mask) != tuple(self.task.loss_mask(record.response_ids)):
             return Problem(reason="bad_mask", detail=f"{where}: loss mask is not the task's")
         if not self.verifiable:

@@ -18,7 +18,12 @@ def rollout_seed(run_seed: int, first_index: int) -> int:
 
 
 def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> list[list[Trajectory]]:
-    """One group of n scored records per prompt, tagged with the engine's installed version."""
+    """One group of n scored records per prompt, tagged with the engine's installed version. An
+    environment task plays n whole episodes per prompt instead (rollout/episodes.py)."""
+    if getattr(task, "is_env", False):
+        from echo2.rollout.episodes import collect_episodes
+
+        return collect_episodes(engine, task, prompts, n=n, config=engine.config)
     version = engine.version
     groups = []
     for prompt, samples in zip(prompts, engine.generate(prompts, n=n), strict=True):
@@ -42,7 +47,12 @@ def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> lis
 
 
 def evaluate(engine: Engine, task: Task, prompts: list[Prompt], *, batch_size: int) -> dict[str, float]:
-    """Greedy accuracy and mean response length on held-out prompts."""
+    """Greedy accuracy and mean response length on held-out prompts (an environment task: greedy
+    episodes, rollout/episodes.py)."""
+    if getattr(task, "is_env", False):
+        from echo2.rollout.episodes import evaluate_episodes
+
+        return evaluate_episodes(engine, task, prompts, batch_size=batch_size, config=engine.config)
     correct, lengths = 0, 0
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]

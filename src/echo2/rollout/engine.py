@@ -44,6 +44,10 @@ class Engine(Protocol):
         """n samples for each prompt, in prompt order."""
         ...
 
+    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        """n samples for each context given as token ids (no chat template applied)."""
+        ...
+
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
     if tokenizer.chat_template:
@@ -88,10 +92,14 @@ class HFEngine:
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
-    @torch.inference_mode()
     def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy)  # tokenized once for n
+
+    @torch.inference_mode()
+    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        """As `generate`, from token ids (multi-turn episodes: the conversation so far). Nothing is
+        reused from an earlier call: each call prefills its contexts in full."""
         cfg = self.config
-        encoded = self.encode(prompts)  # each prompt is tokenized once for its n samples
         width = max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)

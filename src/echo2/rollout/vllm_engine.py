@@ -114,10 +114,14 @@ class VLLMEngine:
         return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
     def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy)
+
+    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+        """As `generate`, from token ids; a multi-turn context reuses the KV cache of its earlier
+        turns through prefix caching."""
         from vllm import SamplingParams, TokensPrompt
 
         cfg = self.config
-        encoded = self.encode(prompts)
         params = SamplingParams(
             n=n,
             temperature=0.0 if greedy else cfg.temperature,

@@ -6,11 +6,13 @@ import importlib
 import sys
 from pathlib import Path
 
-from echo2.config import ArithmeticTaskConfig, ConfigError, CustomTaskConfig, MathTaskConfig
+from echo2.config import ArithmeticTaskConfig, ConfigError, CustomTaskConfig, EnvTaskConfig, MathTaskConfig
 from echo2.data.tasks.base import Task
 
 
-def make_task(config: ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, *, seed: int) -> Task:
+def make_task(
+    config: ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig | EnvTaskConfig, *, seed: int
+) -> Task:
     if config.type == "arithmetic":
         from echo2.data.tasks.arithmetic import ArithmeticTask
 
@@ -31,4 +33,8 @@ def make_task(config: ArithmeticTaskConfig | MathTaskConfig | CustomTaskConfig, 
         except (ImportError, AttributeError) as e:
             raise ConfigError(f"task.factory: cannot load {config.factory!r}: {e}") from None
         return factory(seed=seed, **config.options)
+    elif config.type == "env":
+        from echo2.envs import make_env_task
+
+        return make_env_task(config, seed=seed)
     raise AssertionError(config.type)
