@@ -207,8 +207,9 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
 
 
 def test_worker_reregisters_when_the_learner_restarts(tmp_path):
-    """`echo2 learner` stops after 4 steps and is resumed on the same port: the running worker
-    finds itself unknown, registers again and feeds the resumed run; SIGTERM then stops it cleanly."""
+    """`echo2 learner` is SIGKILLed after its first checkpoint and resumed on the same port: the
+    running worker (which was never told the run is over) finds itself unknown, registers again and
+    feeds the resumed run; when that run finishes, the worker hears `run_finished` and exits 0."""
 
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run_dir = tmp_path / "run"
@@ -219,8 +220,9 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
         TINY,
         f"--run.dir={run_dir}",
         *TOY,
-        "--learner.steps=4",
+        "--learner.steps=8",
         "--run.eval_size=0",
+        "--run.checkpoint_every=2",
         "--coordinator.port=0",
         "--coordinator.token=tok",
         "--learner.staleness=1",
@@ -252,25 +254,22 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
         stderr=worker_log,
     )
     try:
-        assert first.wait(timeout=300) == 0
-        assert worker.poll() is None, "the worker outlives the learner and keeps retrying"
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoint").is_dir():  # a crash after the first checkpoint
+            assert first.poll() is None, "the first learner ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        assert worker.poll() is None, "a crashed learner tells nobody to stop: the worker keeps retrying"
         resumed = subprocess.run(
-            [
-                *echo2,
-                "learner",
-                "--resume",
-                str(run_dir),
-                "--learner.steps=8",
-                f"--coordinator.port={port}",
-                "-q",
-            ],
+            [*echo2, "learner", "--resume", str(run_dir), f"--coordinator.port={port}", "-q"],
             env=env,
             timeout=300,
         )
         assert resumed.returncode == 0
-        assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(8))
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 8
+        assert worker.wait(timeout=60) == 0, "the worker stops by itself once the resumed run is over"
     finally:
         for p in (first, worker):
             if p.poll() is None:
@@ -278,7 +277,8 @@ def test_worker_reregisters_when_the_learner_restarts(tmp_path):
                 p.wait()
         worker_log.close()
     log = (tmp_path / "worker.log").read_text()
-    assert "registering again" in log and "Traceback" not in log
+    assert "registering again" in log or "the learner restarted" in log
+    assert "run_finished" in log and "Traceback" not in log
 
 
 def test_sigterm_stops_the_run_and_its_workers(tmp_path):
