@@ -200,12 +200,16 @@ class Coordinator:
         if scheme != "Bearer" or not presented:
             raise Unauthorized("missing bearer token")
         name = request.match_info.route.name
-        if hmac.compare_digest(presented.encode(), self.token.encode()):
+        # aiohttp decodes header bytes that are not UTF-8 to lone surrogates (surrogateescape):
+        # compared as the bytes that came, never encoded strictly
+        if hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), self.token.encode()):
             if name in WORKER_CALLS:
                 raise Forbidden("a worker's call needs the credential it was given at registration")
             return None
         if name == "register":
             raise Unauthorized("registration needs the run token")
+        if not presented.isascii():  # credentials are ASCII (identity.credential)
+            raise Unauthorized("wrong bearer token")
         return self.state.authenticate(presented)
 
     @web.middleware
@@ -216,7 +220,7 @@ class Coordinator:
             return await handler(request)
         try:
             worker_id = json.loads(await request.read()).get("worker_id")
-        except (ValueError, AttributeError, web.HTTPRequestEntityTooLarge):
+        except (ValueError, AttributeError, RecursionError, web.HTTPRequestEntityTooLarge):
             worker_id = None
         if isinstance(worker_id, str) and request.path in STOPS_WORKER:
             self.told.add(worker_id)
@@ -301,7 +305,7 @@ class Coordinator:
     async def push(self, request: web.Request) -> web.Response:
         try:
             req = await self._body(request, PushRequest, limit=self.max_body)
-        except (ValidationError, Refused):
+        except (ValidationError, Unreadable):
             self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
         pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it

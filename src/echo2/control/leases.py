@@ -143,14 +143,7 @@ class Leases:
         fresh = [r for r in records if not self.buffer.seen(r.record_id)]
         if not fresh:
             return {"accepted": 0, "duplicates": len(records)}
-        try:
-            self.check(worker_id, lease_id, fresh, published_version=published_version)
-        except Refused as e:
-            self.rejected[e.reason] += len(fresh)
-            lease = self.leases.get(lease_id)
-            if isinstance(e, Stale) and lease is not None and lease.worker_id == worker_id:
-                self.put_back(lease)  # regenerate these prompts under a newer version
-            raise
+        self.screen(worker_id, lease_id, fresh, published_version=published_version)
         lease = self.leases[lease_id]
         stored = self.buffer.add(fresh)
         assert stored == len(fresh), "validated records are all admitted"
@@ -163,6 +156,20 @@ class Leases:
             del self.leases[lease_id]
         self.accepted += stored
         return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+
+    def screen(
+        self, worker_id: str, lease_id: str, fresh: list[Trajectory], *, published_version: int
+    ) -> None:
+        """`check` the batch's fresh records; a refusal is counted (and a stale lease's prompts
+        are put back) before it is raised."""
+        try:
+            self.check(worker_id, lease_id, fresh, published_version=published_version)
+        except Refused as e:
+            self.rejected[e.reason] += len(fresh)
+            lease = self.leases.get(lease_id)
+            if isinstance(e, Stale) and lease is not None and lease.worker_id == worker_id:
+                self.put_back(lease)  # regenerate these prompts under a newer version
+            raise
 
     def check(
         self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int

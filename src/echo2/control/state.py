@@ -310,6 +310,15 @@ class CoordinatorState:
                 if self.referee is not None and lease is not None and lease.worker_id == worker_id
                 else {}
             )
+            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+            if index_of and fresh:  # the lease's own rules first: the referee decodes token ids
+                try:  # (one outside the vocabulary makes a tokenizer raise) and bounded lengths only
+                    self.ingestion.screen(
+                        worker_id, lease_id, fresh, published_version=self.published_version
+                    )
+                except Refused as e:
+                    self._strike(worker_id, e.reason)
+                    raise
         for record in records:
             if record.group_id in index_of and not self.buffer.seen(record.record_id):
                 problem = self.referee.check(record, index_of[record.group_id])

@@ -40,6 +40,14 @@ def session_value(token: str) -> str:
     return hmac.new(token.encode(), b"echo2-status-page", hashlib.sha256).hexdigest()
 
 
+def _same(given: str, expected: str) -> bool:
+    """Constant-time equality of two strings, whatever they hold (a header or form value that is
+    not UTF-8 arrives with lone surrogates, which a strict encode refuses)."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
+
+
 def _page() -> str:
     return resources.files("echo2.control").joinpath("status_page.html").read_text()
 
@@ -48,8 +56,7 @@ def middleware(token: Callable[[], str]):
     """The page's sign-in; placed before the coordinator's bearer check."""
 
     def signed_in(request: web.Request) -> bool:
-        cookie = request.cookies.get(COOKIE, "")
-        return hmac.compare_digest(cookie.encode(), session_value(token()).encode())
+        return _same(request.cookies.get(COOKIE, ""), session_value(token()))
 
     def welcome() -> web.Response:
         resp = web.Response(status=302, headers={"Location": PAGE})
@@ -64,9 +71,12 @@ def middleware(token: Callable[[], str]):
         if request.path == PAGE:
             given = request.query.get("token")
             if request.method == "POST":
-                given = str((await request.post()).get("token", ""))
+                try:
+                    given = str((await request.post()).get("token", ""))
+                except ValueError:  # a form that cannot be read (a multipart body without boundary)
+                    return login("The form could not be read.", status=400)
             if given is not None:
-                if hmac.compare_digest(given.encode(), token().encode()):
+                if _same(given, token()):
                     return welcome()  # the token leaves the address bar at once
                 return login("Wrong token.")
             if signed_in(request):
