@@ -65,15 +65,16 @@ class Dissemination:
     def plan(self, receivers: list[str]) -> ChainPlan:
         """The broadcast plan now: a star, or chains laid out by the planner from peer scores."""
         now, workers = self.world.env.now, self.world.workers
+        bw = statistics.median(workers[w].spec.down_bps for w in receivers)
         peers = [
-            PeerInfo(worker_id=w, score=workers[w].stats.score(now), inbound=workers[w].spec.inbound)
+            PeerInfo(worker_id=w, score=workers[w].stats.score(now, bw), inbound=workers[w].spec.inbound)
             for w in receivers
         ]
         return plan_broadcast(
             peers,
             mode=self.mode,
             uplink_bps=self.world.uplink_bps,
-            worker_bps=statistics.median(workers[w].spec.down_bps for w in receivers),
+            worker_bps=bw,
             n_ch=self.world.sc.broadcast.chains,
         )
 
