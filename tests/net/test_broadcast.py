@@ -384,7 +384,10 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             digest = publish(state, 0)
             await fleet.installed(0)
             assert peer.installed[0] == digest
-            assert peer.worker_id in state.bcast.installed_at[0]
+            deadline = asyncio.get_running_loop().time() + 10.0  # the install report follows the install
+            while peer.worker_id not in state.bcast.installed_at.get(0, {}):
+                assert asyncio.get_running_loop().time() < deadline, "no install report"
+                await asyncio.sleep(0.02)
 
     try:
         bounded(scenario())
