@@ -39,6 +39,13 @@ The plan. Chain mode lays the workers out as N_ch = floor(B0 / Bw) chains from t
 budgets: the rates the warm-up measured are forgotten before the measured publication, so the
 coordinator's Bw estimate is the configured Bw. Star mode has the learner feed every worker.
 
+With `--throttle F` (namespaces, chain mode) the learner names the forwarder of the first chain
+(`THROTTLE <name> <chain>` on its stdout) right after the measured publication, and the driver
+shapes that worker's upload down to F x Bw `--throttle-after` seconds later, for good (a relay gone
+slow mid-broadcast: its child should report it `slow` and the coordinator demote it; with
+`--slow-relay-fraction 0` it does not). The learner then publishes one more version, whose T_bcast
+shows the next plan (docs/benchmarks.md, "A relay throttled to a tenth mid-broadcast").
+
 This file starts, watches and stops the processes, and is the entry point (`main`, which also
 makes the shaped network's teardown run at exit and on SIGTERM/SIGHUP). The arithmetic and the
 report (`BenchSpec`, `check`, `expected`, `summarize`, `render`) are broadcast_report.py's, the
@@ -64,6 +71,8 @@ from pathlib import Path
 from typing import Any
 
 from broadcast_report import BenchSpec, broadcast_timeout, check, render, summarize, warmup_bytes
+
+from echo2.broadcast.plan import SLOW_RELAY_FRACTION
 
 LEARNER_SCRIPT = Path(__file__).resolve().with_name("broadcast_learner.py")
 
@@ -123,6 +132,8 @@ def run_bench(
     else:
         ok, why = ShapedNetwork.available()
     if not ok:
+        if spec.throttle:
+            raise BenchError(f"--throttle needs network namespaces ({why})")
         log(f"network namespaces unavailable ({why}): using in-process token buckets")
     token = secrets.token_hex(16)
     timeout = broadcast_timeout(spec) if timeout is None else timeout
@@ -138,6 +149,8 @@ def run_bench(
         f"--worker-bps={spec.worker_bps}",
         f"--timeout={timeout}",
         f"--register-timeout={register_timeout}",
+        f"--slow-relay-fraction={spec.slow_relay_fraction}",
+        *(["--throttle"] if spec.throttle else []),
     ]
     env = {"ECHO2_TOKEN": token}
     t_start = time.monotonic()
@@ -183,10 +196,34 @@ def run_bench(
                             stderr=err,
                         )
 
+                throttled: dict[str, Any] = {}
+
+                def throttle(line: str) -> None:
+                    """`THROTTLE <name> <chain>`: shape that worker's upload down, throttle_after_s on."""
+                    _, name, chain = line.split()
+                    host = net.host(int(name.lstrip("w")))
+                    up = spec.worker_mbps * (spec.throttle or 1.0)
+
+                    def apply() -> None:
+                        net.reshape(host, (up, spec.worker_mbps))
+                        throttled["at_s"] = time.monotonic() - t_line
+
+                    t_line = time.monotonic()
+                    throttled.update(worker=name, chain=chain.split(","), up_mbps=up)
+                    threading.Timer(spec.throttle_after_s, apply).start()
+
                 measured = _drive(
-                    spec, start_learner, start_worker, register_timeout + 2 * timeout, logs, stop=None
+                    spec,
+                    start_learner,
+                    start_worker,
+                    2 * register_timeout + 3 * timeout,
+                    logs,
+                    stop=None,
+                    on_line=throttle,
                 )
                 measured["net_stats"] = net_stats(net)
+                if throttled:
+                    measured["throttled"] = throttled
             backend = "netns"
         else:
             learner_args.append(f"--uplink-cap-bps={spec.uplink_bps}")
@@ -252,10 +289,11 @@ def _drive(
     budget: float,
     logs: Path,
     stop: Callable[[], None] | None,
+    on_line: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Start the learner, then the workers once it listens; return the learner's JSON, which it
-    must print within `budget` seconds (plus a margin). `stop` ends the processes (None: the shaped
-    network's teardown does)."""
+    must print within `budget` seconds (plus a margin). A `THROTTLE ...` line before it goes to
+    `on_line`. `stop` ends the processes (None: the shaped network's teardown does)."""
     try:
         learner = start_learner()
         lines = _Lines(learner)
@@ -272,6 +310,9 @@ def _drive(
         deadline = time.monotonic() + budget + 30.0
         try:
             line = lines.get(deadline)
+            while line and line.startswith("THROTTLE ") and on_line is not None:
+                on_line(line)
+                line = lines.get(deadline)
         except TimeoutError:
             raise BenchError("the learner did not report in time") from None
         dead = [
@@ -334,6 +375,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SEC",
         help="give up on a broadcast after SEC seconds (default 60 + 4x the model's time)",
     )
+    p.add_argument(
+        "--throttle",
+        type=float,
+        default=None,
+        metavar="F",
+        help="with namespaces, chain mode: shape the first chain's forwarder's upload down to F x Bw "
+        "mid-broadcast (--throttle-after), and publish one more version to show the next plan",
+    )
+    p.add_argument(
+        "--throttle-after",
+        type=float,
+        default=2.0,
+        metavar="SEC",
+        help="seconds after the measured publication (default 2)",
+    )
+    p.add_argument(
+        "--slow-relay-fraction",
+        type=float,
+        default=SLOW_RELAY_FRACTION,
+        metavar="X",
+        help="the learner's broadcast.slow_relay_fraction (default 0.75; 0: slow relays are not demoted)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     spec = BenchSpec(
@@ -344,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode=args.mode,
         chunk_mb=args.chunk_mb,
         pace=args.pace,
+        throttle=args.throttle,
+        throttle_after_s=args.throttle_after,
+        slow_relay_fraction=args.slow_relay_fraction,
     )
     try:
         check(spec)

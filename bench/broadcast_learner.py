@@ -4,8 +4,10 @@ publishes a random warm-up version and then the measured M-byte snapshot, waits 
 reports, and prints one JSON object with T_bcast at q = 0.9 and 1 and its diagnostics.
 
 The coordinator's state is `BenchState`, a CoordinatorState that also records when each worker
-first asked for its parent and how long its chunk streams took; it changes no decision the state
-makes.
+first asked for its parent, how long its chunk streams took and when it reported a parent; it
+changes no decision the state makes. With `--throttle` it names the forwarder the driver is to
+throttle (`THROTTLE <name> <chain>` on stdout) and publishes one more version after the measured
+one, whose T_bcast shows the next plan.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from broadcast_report import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
 from procstat import busy, cpu_times, procs_cpu
 
+from echo2.broadcast.plan import SLOW_RELAY_FRACTION
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.state import CoordinatorState, Limits
 from echo2.data.buffer import ReplayBuffer
@@ -36,11 +39,20 @@ class BenchState(CoordinatorState):
         super().__init__(**kw)
         self.routed: dict[tuple[str, int], float] = {}
         self.streamed: dict[tuple[str, int], float] = {}
+        self.reported: list[tuple[str, int, str | None, str, str, float]] = []
+        """(worker id, version, parent id, reason, detail, monotonic seconds) of every failure report."""
 
     def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
         with self.lock:
             self.routed.setdefault((worker_id, version), time.monotonic())
             return super().route(worker_id, version)
+
+    def report_failure(
+        self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
+    ) -> tuple[str | None, str | None]:
+        with self.lock:
+            self.reported.append((worker_id, version, parent_id, reason, detail[:200], time.monotonic()))
+            return super().report_failure(worker_id, version, parent_id, reason, detail)
 
     def report_installed(
         self, worker_id: str, version: int, sha256: str, transfers: list[tuple[str | None, int, float]]
@@ -51,7 +63,13 @@ class BenchState(CoordinatorState):
 
 
 def bench_state(
-    *, mode: str, chunk_bytes: int, uplink_budget_bps: float, worker_bps: float, timeout: float
+    *,
+    mode: str,
+    chunk_bytes: int,
+    uplink_budget_bps: float,
+    worker_bps: float,
+    timeout: float,
+    slow_relay_fraction: float = SLOW_RELAY_FRACTION,
 ) -> BenchState:
     """The learner's state: no model (a dummy replay buffer and limits), broadcasts planned from
     the configured budgets, and workers kept while a broadcast of `timeout` seconds runs."""
@@ -66,6 +84,7 @@ def bench_state(
             chunk_size=chunk_bytes,
             uplink_budget_bps=uplink_budget_bps,
             worker_bps=worker_bps,
+            slow_relay_fraction=slow_relay_fraction,
         ),
     )
 
@@ -86,6 +105,13 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--stream-cap-bps", type=float, default=None, help="token-bucket cap per learner stream, bytes/s"
     )
+    p.add_argument("--slow-relay-fraction", type=float, default=SLOW_RELAY_FRACTION)
+    p.add_argument(
+        "--throttle",
+        action="store_true",
+        help="after the measured publication print `THROTTLE <name> <chain>` (the forwarder of the "
+        "first chain with a child, for the driver to throttle), and publish one more version after it",
+    )
     p.add_argument("--register-timeout", type=float, default=120.0)
     p.add_argument("--timeout", type=float, required=True, help="seconds allowed for each broadcast")
     args = p.parse_args(argv)
@@ -105,6 +131,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
         uplink_budget_bps=args.uplink_budget_bps,
         worker_bps=args.worker_bps,
         timeout=args.timeout,
+        slow_relay_fraction=args.slow_relay_fraction,
     )
     run_info = {
         "broadcast": {
@@ -136,12 +163,18 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                 return _emit(result, 1)
             time.sleep(0.05)
 
-        def broadcast(version: int, nbytes: int) -> dict[str, Any]:
+        def broadcast(version: int, nbytes: int, announce: bool = False) -> dict[str, Any]:
             data = os.urandom(nbytes)
             with state.lock:
                 sent0 = state.bcast.bytes_served
             cpu0, ours0, t0 = cpu_times(), procs_cpu(url), time.monotonic()
             state.publish(version, data, keep=2)
+            t0_mono = time.monotonic()
+            if announce:  # the forwarder of the first chain with a child, for the driver to throttle
+                with state.lock:
+                    names = {w.worker_id: w.name for w in state.workers.values()}
+                    chain = next(c for c in state.bcast.plans[version].chains if len(c) > 1)
+                print(f"THROTTLE {names[chain[0]]} {','.join(names[w] for w in chain)}", flush=True)
             deadline = time.monotonic() + args.timeout
             while time.monotonic() < deadline:
                 with state.lock:
@@ -172,6 +205,17 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     "chains": [[names.get(w, w) for w in c] for c in plan.chains] if plan else [],
                     "learner_mb_sent": (bc.bytes_served - sent0) / MB,
                     "parent_failures": dict(bc.failures),
+                    "failure_reports_s": [
+                        [
+                            names.get(w, w),
+                            names.get(p, p or "learner"),
+                            reason,
+                            detail,
+                            round(at - t0_mono, 4),
+                        ]
+                        for w, v, p, reason, detail, at in state.reported
+                        if v == version
+                    ],
                     "bw_hat_mbps": bc.bw_hat() * 8 / 1e6,
                     "cpu_busy": busy(cpu0, cpu1),
                     "bench_cpu_cores": (ours1 - ours0) / (t1 - t0),
@@ -188,13 +232,26 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             # N_ch from the configured budgets, not from what the (small) warm-up measured
             state.bcast.rates.clear()
         time.sleep(0.5)  # the warm-up's install reports and heartbeats settle
-        result.update(broadcast(1, args.snapshot_bytes))
+        result.update(broadcast(1, args.snapshot_bytes, announce=args.throttle))
         result["loadavg"] = list(os.getloadavg())
         if result["t_bcast_q100_s"] is None:
             result["error"] = (
                 f"{result['installed']} of {args.workers} workers installed in {args.timeout:g}s"
             )
             return _emit(result, 1)
+        if args.throttle:  # the next plan, with the throttled worker still slow
+            with state.lock:
+                names = {w.worker_id: w.name for w in state.workers.values()}
+                result["demoted"] = sorted(names[w] for w, st in state.bcast.stats.items() if st.demoted)
+                result["chains_after"] = [[names[w] for w in c] for c in state.bcast.plans[1].chains]
+                result["peer_mbps"] = (state.bcast.peer_bps() or 0.0) * 8 / 1e6
+                state.bcast.rates.clear()  # N_ch from the configured budgets again
+            time.sleep(0.5)
+            nxt = broadcast(2, args.snapshot_bytes)
+            result["next"] = {
+                k: nxt[k]
+                for k in ("t_bcast_q90_s", "t_bcast_q100_s", "installed", "chains", "install_by_worker_s")
+            }
         return _emit(result, 0)
     finally:
         state.close()

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from echo2.broadcast.plan import (
+    SLOW_RELAY_FRACTION,
     chain_broadcast_time,
     lower_bound,
     n_chains,
@@ -50,6 +51,13 @@ class BenchSpec:
     of broadcast.uplink_mbps, learner_stream_mbps at Bw, and worker_upload_mbps) as a fraction of
     the shaped rates; 0: none
     (TCP alone against the tc shapers). Without namespaces the buckets are the links (1.0)."""
+    throttle: float | None = None
+    """With namespaces: `throttle_after_s` after the measured publication, the forwarder of the
+    first chain (a seed with a child) has its upload shaped down to this fraction of Bw, for good;
+    one more version is published after the measured one, to show the next plan. None: no throttle."""
+    throttle_after_s: float = 2.0
+    slow_relay_fraction: float = SLOW_RELAY_FRACTION
+    """broadcast.slow_relay_fraction of the learner (0: no demotion of slow relays)."""
 
     @property
     def snapshot_bytes(self) -> int:
@@ -97,6 +105,14 @@ def check(spec: BenchSpec) -> None:
         raise ValueError(f"--snapshot-mb: {spec.snapshot_mb} MB is less than one byte")
     if spec.workers > 1000:
         raise ValueError(f"--workers: at most 1000 (got {spec.workers})")
+    if spec.throttle is not None and not (math.isfinite(spec.throttle) and 0 < spec.throttle <= 1):
+        raise ValueError(f"--throttle: must be in (0, 1] (got {spec.throttle})")
+    if spec.throttle is not None and spec.mode != "chain":
+        raise ValueError("--throttle: needs --mode chain (a star has no forwarder)")
+    if not (math.isfinite(spec.throttle_after_s) and spec.throttle_after_s >= 0):
+        raise ValueError(f"--throttle-after: must be >= 0 (got {spec.throttle_after_s})")
+    if not 0 <= spec.slow_relay_fraction < 1:
+        raise ValueError(f"--slow-relay-fraction: must be in [0, 1) (got {spec.slow_relay_fraction})")
 
 
 def expected(spec: BenchSpec) -> dict[str, float | int]:
@@ -195,6 +211,18 @@ def render(s: dict[str, Any]) -> str:
             f"  CPU during the broadcast: {100 * s['cpu_busy']:.0f}% busy of {os.cpu_count()} cores; "
             f"the benchmark's processes used {s.get('bench_cpu_cores', 0):.2f} cores"
         )
+    if s.get("throttle") is not None:
+        th, nxt = s.get("throttled") or {}, s.get("next") or {}
+        lines.append(
+            f"  throttled: {th.get('worker', '?')} (forwarder of {th.get('chain', '?')}) to "
+            f"{s['throttle']:g} Bw, {s['throttle_after_s']:g} s after publication; slow reports: "
+            f"{s.get('parent_failures', {}).get('slow', 0)}, demoted: {s.get('demoted') or 'none'}; "
+            f"chains after: {s.get('chains_after')}"
+        )
+        lines.append(
+            f"  next version: T_bcast q = 0.9: {sec(nxt.get('t_bcast_q90_s'))}   q = 1.0: "
+            f"{sec(nxt.get('t_bcast_q100_s'))}   chains {nxt.get('chains')}"
+        )
     return "\n".join(lines)
 
 
@@ -206,4 +234,5 @@ def warmup_bytes(spec: BenchSpec) -> int:
 def broadcast_timeout(spec: BenchSpec) -> float:
     """Seconds allowed for the measured broadcast: generous against the slower of the two models."""
     exp = expected(spec)
-    return 60.0 + 4.0 * max(exp["star_formula_s"], exp["chain_formula_s"])
+    slowest = exp["lower_bound_s"] / spec.throttle if spec.throttle else 0.0  # nobody demotes it
+    return 60.0 + 4.0 * max(exp["star_formula_s"], exp["chain_formula_s"], slowest)

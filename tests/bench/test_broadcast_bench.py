@@ -15,7 +15,7 @@ import re
 import pytest
 from broadcast import main
 from broadcast_learner import bench_state
-from broadcast_report import BenchSpec, check, expected, render, summarize
+from broadcast_report import BenchSpec, broadcast_timeout, check, expected, render, summarize
 from netcheck import leftovers
 from netns import PREFIX
 from shaping import htb_uplink_commands
@@ -66,6 +66,28 @@ def test_summary_and_render():
     assert "n/a" in render(missing)
 
 
+def test_throttle_needs_chains_allows_for_the_slow_relay_and_is_reported():
+    kw = dict(workers=6, snapshot_mb=16, uplink_mbps=10, worker_mbps=5, chunk_mb=0.0625)
+    with pytest.raises(ValueError, match="--throttle"):
+        check(BenchSpec(**kw, mode="star", throttle=0.1))
+    spec = BenchSpec(**kw, throttle=0.1, throttle_after_s=5.0)
+    check(spec)
+    assert broadcast_timeout(spec) == pytest.approx(60 + 4 * 25.6 / 0.1), "an undemoted relay at 0.1 Bw"
+    measured = {
+        "t_bcast_q90_s": 39.6,
+        "t_bcast_q100_s": 39.6,
+        "installed": 6,
+        "throttled": {"worker": "w04", "chain": ["w04", "w02", "w01"], "up_mbps": 0.5, "at_s": 5.03},
+        "parent_failures": {"slow": 1},
+        "demoted": ["w04"],
+        "chains_after": [["w05", "w03", "w00", "w02", "w01"]],
+        "next": {"t_bcast_q90_s": 27.8, "t_bcast_q100_s": 27.8, "chains": [["w00", "w03", "w01"]]},
+    }
+    text = render(summarize(spec, measured, backend="netns"))
+    assert "throttled: w04" in text and "slow reports: 1" in text and "demoted: ['w04']" in text
+    assert "next version: T_bcast q = 0.9: 27.80 s" in text
+
+
 def test_htb_uplink_has_a_class_and_filter_per_worker():
     cmds = htb_uplink_commands("ns", "eth0", 40, ["10.77.1.1", "10.77.1.2"])
     flat = [" ".join(c) for c in cmds]
@@ -85,6 +107,10 @@ def test_htb_uplink_has_a_class_and_filter_per_worker():
         ("chunk_mb", 0.0, "--chunk-mb"),
         ("mode", "tree", "--mode"),
         ("pace", -0.1, "--pace"),
+        ("throttle", 0.0, "--throttle"),
+        ("throttle", 1.5, "--throttle"),
+        ("throttle_after_s", -1.0, "--throttle-after"),
+        ("slow_relay_fraction", 1.0, "--slow-relay-fraction"),
     ],
 )
 def test_check_names_the_flag(field, value, flag):
@@ -96,8 +122,8 @@ def test_check_names_the_flag(field, value, flag):
 
 # ---------------------------------------------------------------------------- the learner's state
 def test_bench_state_records_route_and_install_and_keeps_the_decisions():
-    """BenchState's overrides record when a worker asked for its parent and how long it streamed,
-    and return (and refuse) exactly what CoordinatorState does."""
+    """BenchState's overrides record when a worker asked for its parent, reported one and how long
+    it streamed, and return (and refuse) exactly what CoordinatorState does."""
     state = bench_state(mode="chain", chunk_bytes=1024, uplink_budget_bps=1e6, worker_bps=1e6, timeout=10)
     try:
         w = state.register(name="w0", hardware="cpu", price_per_hour=0.0, inbound=False)
@@ -105,6 +131,8 @@ def test_bench_state_records_route_and_install_and_keeps_the_decisions():
         state.publish(0, data, keep=2)
         assert state.route(w.worker_id, 0) == (None, None), "the only worker receives from the learner"
         assert set(state.routed) == {(w.worker_id, 0)}
+        assert state.report_failure(w.worker_id, 0, None, "stalled", "x") == (None, None)
+        assert state.reported[-1][:5] == (w.worker_id, 0, None, "stalled", "x")
         sha = hashlib.sha256(data).hexdigest()
         state.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
         assert state.streamed == {(w.worker_id, 0): 0.75}
@@ -133,6 +161,8 @@ GOOD = {"--workers": "2", "--snapshot-mb": "1", "--uplink-mbps": "8", "--worker-
         ("--chunk-mb", "0"),
         ("--timeout", "0"),
         ("--pace", "1.5"),
+        ("--throttle", "2"),
+        ("--slow-relay-fraction", "-0.5"),
     ],
 )
 def test_bad_flags_exit_2(flag, value, capsys):

@@ -10,6 +10,7 @@ learner reports T_bcast. Each test is bounded by `asyncio.wait_for`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -258,6 +259,50 @@ def test_relay_that_stops_making_progress_is_excised():
         server.stop()
 
 
+def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
+    """A seed whose relay upload is throttled to 100 kB/s (far below the peers' measured loopback
+    rate): its child judges a progress timeout of reading below the route's floor, reports it
+    `slow`, and moves behind the other chain's tail; every worker installs the published bytes, and
+    in the next plan the slow worker has no child."""
+    from echo2.broadcast.bucket import TokenBucket
+
+    server, state = start_coordinator(mode="chain", chains=2)
+
+    async def scenario():
+        async with Fleet(server.url, 6) as fleet:
+            slow = fleet.peers[0]
+            publish(state, 0)
+            await fleet.installed(0)
+            while len(state.bcast.rates) < 6:  # both sides' accounts of all six streams
+                await asyncio.sleep(0.02)
+            with state.lock:  # B0 = 2.5 x the measured Bw_hat: two chains again
+                policy = state.bcast.policy
+                state.bcast.policy = dataclasses.replace(policy, uplink_budget_bps=2.5 * state.bcast.bw_hat())
+            slow.relay.upload_bucket = TokenBucket(1e5)
+            give_score(state, slow.worker_id)  # the first seed, with a child
+            digest = publish(state, 1)
+            child_id = state.bcast.plans[1].child_of(slow.worker_id)
+            assert child_id is not None
+            await fleet.installed(1)
+            assert {p.installed[1] for p in fleet.peers} == {digest}
+            assert (1, slow.worker_id, "slow") in fleet.by_id(child_id).client.failures
+            plan = state.bcast.plans[1]
+            assert slow.worker_id not in plan.workers(), "it left the chain in flight"
+            assert plan.parent_of(child_id) is not None, "moved behind a peer, not onto the learner"
+            assert state.bcast.stats[slow.worker_id].demoted
+            publish(state, 2)
+            assert state.bcast.plans[2].child_of(slow.worker_id) is None, "only a tail"
+            await fleet.installed(2)
+            return slow.worker_id
+
+    try:
+        slow_id = bounded(scenario())
+        assert state.bcast.failures["slow"] == 1
+        assert not state.bcast.stats[slow_id].demoted, "it sat out one plan"
+    finally:
+        server.stop()
+
+
 def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
     """A relay with TEST-ONLY fault injection corrupts every chunk it forwards. Its child drops the
     first bad chunk (never stored, never forwarded), reports the relay, and gets the chunk again
@@ -270,14 +315,15 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
         liar.relay.fault_flip_byte = True
         async with fleet:
             give_score(state, liar.worker_id)
-            before = state.bcast.stats[liar.worker_id].score(state.clock())
+            ref = state.bcast.reference_bps()  # Speed against one reference, before and after
+            before = state.bcast.stats[liar.worker_id].score(state.clock(), ref)
             digest = publish(state, 0)
             child = fleet.by_id(state.bcast.plans[0].child_of(liar.worker_id))
             await fleet.installed(0)
             assert {p.installed[0] for p in fleet.peers} == {digest}, "only verified bytes installed"
             assert (0, liar.worker_id, "bad_chunk") in child.client.failures
             assert child.store.complete(0) and child.store.assemble(0) == snapshot_bytes(0)
-            after = state.bcast.stats[liar.worker_id].score(state.clock())
+            after = state.bcast.stats[liar.worker_id].score(state.clock(), ref)
             assert after < before, "the lying relay's score fell"
             # next publication: it is not a seed any more, and it gets no child for version 0
             assert liar.worker_id in state.bcast.leaf_only[0]
@@ -338,7 +384,10 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             digest = publish(state, 0)
             await fleet.installed(0)
             assert peer.installed[0] == digest
-            assert peer.worker_id in state.bcast.installed_at[0]
+            deadline = asyncio.get_running_loop().time() + 10.0  # the install report follows the install
+            while peer.worker_id not in state.bcast.installed_at.get(0, {}):
+                assert asyncio.get_running_loop().time() < deadline, "no install report"
+                await asyncio.sleep(0.02)
 
     try:
         bounded(scenario())

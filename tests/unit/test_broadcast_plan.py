@@ -26,31 +26,65 @@ def stats_with(n: int, rate: float, start: float = 0.0) -> PeerStats:
 
 
 def test_no_history_scores_neutral_55():
-    assert PeerStats().score(now=1e6) == bp.NEUTRAL_SCORE == 55.0
+    assert PeerStats().score(now=1e6, reference_bps=MB) == bp.NEUTRAL_SCORE == 55.0
 
 
-def test_ten_transfers_at_1_mb_per_s_score_80():
+def test_ten_transfers_at_the_peers_rate_score_100():
     s = stats_with(10, 1 * MB)
-    assert s.speed() == pytest.approx(60.0)
+    assert s.speed(reference_bps=MB) == pytest.approx(100.0)  # at the peers' rate: 100
     assert s.success() == 1.0 and s.stability() == 1.0
-    assert s.score(now=9.0) == pytest.approx(0.5 * 60 + 35 + 15)  # 80, no decay
+    assert s.score(now=9.0, reference_bps=MB) == pytest.approx(0.5 * 100 + 35 + 15)  # 100, no decay
+    assert s.score(now=9.0, reference_bps=2 * MB) == pytest.approx(0.5 * 100 * (1 - math.log10(2)) + 50)
 
 
 def test_decay_caps_at_30_percent_after_idle():
     s = stats_with(10, 1 * MB)  # last update at t = 9
-    assert s.score(now=9 + 60) == pytest.approx(0.9 * 80)  # 1 - 60/600
-    assert s.score(now=9 + 180) == pytest.approx(0.7 * 80)  # 1 - 0.3
-    assert s.score(now=9 + 600) == pytest.approx(0.7 * 80)
-    assert s.score(now=0.0) == pytest.approx(80)  # a clock behind the last update: no decay
+    assert s.score(now=9 + 60, reference_bps=MB) == pytest.approx(0.9 * 100)  # 1 - 60/600
+    assert s.score(now=9 + 180, reference_bps=MB) == pytest.approx(0.7 * 100)  # 1 - 0.3
+    assert s.score(now=9 + 600, reference_bps=MB) == pytest.approx(0.7 * 100)
+    assert s.score(now=0.0, reference_bps=MB) == pytest.approx(
+        100
+    )  # a clock behind the last update: no decay
 
 
-def test_speed_scale_and_clamp():
-    for rate, speed in [(1e3, 0.0), (1e6, 60.0), (1e8, 100.0), (1e10, 100.0), (100.0, 0.0)]:
-        assert stats_with(1, rate).speed() == pytest.approx(speed)
+def test_speed_scale_is_relative_to_the_peers_rate_and_clamped():
+    # 100 * (1 + log10(rate / reference)): 100 at the peers' rate or faster, 0 a decade below
+    for rate, speed in [(1e5, 0.0), (2e5, 30.103), (5e5, 69.897), (1e6, 100.0), (1e7, 100.0), (1e3, 0.0)]:
+        assert stats_with(1, rate).speed(reference_bps=MB) == pytest.approx(speed, abs=1e-3)
+    assert stats_with(1, 1e6).speed(reference_bps=1e7) == pytest.approx(0.0)  # a tenth of faster peers
     s = PeerStats()
     s.record_transfer(1 * MB, 1.0, now=0)
-    s.record_transfer(100 * MB, 1.0, now=1)  # mean of rates, not of scores
-    assert s.speed() == pytest.approx((math.log10(50.5e6) - 3) / 5 * 100)
+    s.record_transfer(3 * MB, 1.0, now=1)  # mean of rates (2 MB/s), not of scores
+    assert s.speed(reference_bps=4 * MB) == pytest.approx(100 * (1 - math.log10(2)))  # 69.9
+    wide = PeerStats(params=ScoreParams(speed_decades=2.0))
+    wide.record_transfer(MB // 10, 1.0, now=0)
+    assert wide.speed(reference_bps=MB) == pytest.approx(50.0)  # a tenth is half of two decades down
+    with pytest.raises(ValueError):
+        s.speed(reference_bps=0.0)
+
+
+def test_speed_dominates_a_relay_at_a_tenth_of_its_peers_rate_ranks_below_a_newcomer():
+    """Appendix C.3: ranking is dominated by Speed. The old absolute log scale (log10(rate) - 3) / 5
+    moved a relay at a tenth of 12.5 MB/s by only 10 points (81 vs 91), so a perfect record kept it
+    above a newcomer (55); against the peers' rate a tenth scores 0 + 35 + 15 = 50, half 84.9."""
+    peers_rate = 12.5 * MB
+    tenth, half, healthy = (stats_with(10, r * peers_rate) for r in (0.1, 0.5, 1.0))
+    assert tenth.score(now=9.0, reference_bps=peers_rate) == pytest.approx(50.0)
+    assert half.score(now=9.0, reference_bps=peers_rate) == pytest.approx(
+        0.5 * 100 * (1 + math.log10(0.5)) + 50
+    )
+    assert healthy.score(now=9.0, reference_bps=peers_rate) == pytest.approx(100.0)
+    newcomer = PeerStats().score(now=9.0, reference_bps=peers_rate)
+    assert (
+        tenth.score(now=9.0, reference_bps=peers_rate)
+        < newcomer
+        < half.score(now=9.0, reference_bps=peers_rate)
+    )
+    fleet = [
+        PeerInfo(worker_id=w, score=st_.score(now=9.0, reference_bps=peers_rate), inbound=True)
+        for w, st_ in (("slow", tenth), ("new", PeerStats()), ("ok", healthy))
+    ]
+    assert bp.build_chains(fleet, 1).chains == (("ok", "new", "slow"),)  # the slow relay is the tail
 
 
 def test_speed_uses_only_the_last_ten_transfers():
@@ -58,15 +92,15 @@ def test_speed_uses_only_the_last_ten_transfers():
     s.record_transfer(100 * MB, 1.0, now=0)
     for i in range(10):
         s.record_transfer(1 * MB, 1.0, now=1 + i)
-    assert s.speed() == pytest.approx(60.0)
+    assert s.speed(reference_bps=10 * MB) == pytest.approx(0.0)  # with the 100 MB/s one: mean 10 MB/s, 100
     assert s.successes == 11
 
 
 def test_zero_duration_counts_as_success_without_rate():
     s = PeerStats()
     s.record_transfer(10, 0.0, now=0)
-    assert s.speed() == 0.0 and s.success() == 1.0
-    assert s.score(now=0) == pytest.approx(35 + 0.15 * 10)
+    assert s.speed(reference_bps=MB) == 0.0 and s.success() == 1.0
+    assert s.score(now=0, reference_bps=MB) == pytest.approx(35 + 0.15 * 10)
 
 
 def test_failures_lower_success_and_stability():
@@ -75,22 +109,41 @@ def test_failures_lower_success_and_stability():
         s.record_failure(now=10 + i)
     assert s.consecutive_failures == 4 and s.stability() == 0.0  # more than 3 in a row
     assert s.success() == pytest.approx(10 / 14)
-    assert s.score(now=13) == pytest.approx(0.5 * 60 + 35 * 10 / 14)  # 55
+    assert s.score(now=13, reference_bps=MB) == pytest.approx(0.5 * 100 + 35 * 10 / 14)  # 75
+    assert not s.may_relay()  # failed as a parent more than 3 times in a row: only a tail
     s.record_transfer(MB, 1.0, now=14)  # one success resets the failure run
-    assert s.consecutive_failures == 0 and s.stability() == pytest.approx(0.1)
+    assert s.consecutive_failures == 0 and s.stability() == pytest.approx(0.1) and s.may_relay()
+
+
+def test_a_slow_report_is_a_failure_and_demotes_for_one_plan():
+    s = stats_with(10, 1 * MB)
+    assert s.may_relay()
+    s.record_slow(now=10)
+    assert s.demoted and not s.may_relay()
+    assert s.failures == 1 and s.consecutive_failures == 1 and s.stability() == 0.0
+    assert s.score(now=10, reference_bps=MB) == pytest.approx(0.5 * 100 + 35 * 10 / 11)  # 81.8
+    s.demoted = False  # the plan it sat out was made
+    assert s.may_relay()
+
+
+def test_relay_floor_is_a_fraction_of_the_measured_peers_rate():
+    assert bp.relay_floor(12.5 * MB) == pytest.approx(0.75 * 12.5 * MB) == pytest.approx(9.375 * MB)
+    assert bp.relay_floor(12.5 * MB, 0.5) == pytest.approx(6.25 * MB)
+    assert bp.relay_floor(None) is None  # not measured: a configured Bw is no evidence
+    assert bp.relay_floor(12.5 * MB, 0.0) is None  # demotion off
 
 
 def test_only_failures_scores_zero():
     s = PeerStats()
     s.record_failure(now=0)
-    assert s.success() == 0.0 and s.score(now=0) == 0.0
+    assert s.success() == 0.0 and s.score(now=0, reference_bps=MB) == 0.0
 
 
 def test_score_params_are_configurable():
     s = PeerStats(params=ScoreParams(success_saturation=5, decay_window_s=100, history=2))
     for i in range(3):
         s.record_transfer([100 * MB, MB, MB][i], 1.0, now=i)
-    assert s.speed() == pytest.approx(60.0)  # history 2 drops the 100 MB/s transfer
+    assert s.speed(reference_bps=10 * MB) == pytest.approx(0.0)  # history 2 drops the 100 MB/s transfer
     assert s.stability() == pytest.approx(3 / 5)
     assert s.decay(now=2 + 10) == pytest.approx(0.9)
     assert PeerStats().success() == 0.5  # no history
@@ -266,6 +319,22 @@ def test_excise_tail_and_single_worker_chain():
     assert PLAN.excise("g").chains == (("a", "b", "c", "d"), ("e", "f"))
     assert PLAN.excise("nobody") is PLAN
     assert bp.build_star(["a", "b"]).excise("a").mode == "star"
+
+
+def test_demote_moves_a_slow_relays_tail_behind_the_shortest_free_chain_tail():
+    new = PLAN.demote("b", open_tails={"f", "g"})
+    assert new.chains == (("a",), ("e", "f"), ("g", "c", "d"))  # g's chain is shortest
+    assert new.parent_of("c") == "g" and new.child_of("a") is None
+    seed = PLAN.demote("a", open_tails={"f"})  # no new learner stream: behind f
+    assert seed.chains == (("e", "f", "b", "c", "d"), ("g",))
+    assert seed.parent_of("b") == "f"
+
+
+def test_demote_without_a_free_tail_or_child_is_excise():
+    assert PLAN.demote("b").chains == PLAN.excise("b").chains
+    assert PLAN.demote("b", open_tails={"d"}).chains == PLAN.excise("b").chains  # its own tail
+    assert PLAN.demote("f", open_tails={"d", "g"}).chains == PLAN.excise("f").chains  # a tail
+    assert PLAN.demote("nobody", open_tails={"g"}) is PLAN
 
 
 @st.composite

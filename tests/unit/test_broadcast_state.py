@@ -186,3 +186,72 @@ def test_a_parent_that_no_longer_holds_the_version_is_rerouted_without_penalty()
     assert b not in st.plans[0].workers(), "it cannot serve this version any more"
     assert b not in st.stats or st.stats[b].failures == 0, "but it did nothing wrong"
     assert st.failures == {"gone": 1}
+
+
+def deliver(
+    st: BroadcastState, version: int, live: dict[str, Peer], blob, *, at: float, seconds: float
+) -> None:
+    """Every worker routes at `at` and receives the whole blob in `seconds`, both sides reporting."""
+    for w in live:
+        st.route(w, version, live, now=at)
+    for w in live:
+        parent = st.plans[version].parent_of(w)
+        st.installed(w, version, blob.sha256, [(parent, len(blob.data), seconds)], live, now=at + seconds)
+        st.sent(parent, version, w, len(blob.data), seconds, now=at + seconds)
+
+
+def test_a_slow_relay_is_demoted_its_tail_moved_and_it_sits_out_the_next_plan_as_a_tail():
+    live = peers(*"abcdef")
+    st = state(chains=2)
+    blob0 = make_blob(0, bytes(4_000_000), 10**6, KEY)
+    st.publish(blob0, live, 0.0, keep=3)
+    assert st.plans[0].chains == (("a", "c", "e"), ("b", "d", "f"))  # all newcomers: by id
+    assert st.relay_floor("c", 0, "a") is None, "no relay rate measured yet: no floor"
+    deliver(st, 0, live, blob0, at=0.0, seconds=4.0)  # every link at 1 MB/s
+    assert list(st.relay_rates) == [1e6] * 4 and st.peer_bps() == 1e6
+    assert st.relay_floor("c", 0, "a") == pytest.approx(0.75e6)  # 3/4 of the peers' rate
+    assert st.relay_floor("a", 0, None) is None, "the learner has no floor"
+
+    blob1 = make_blob(1, bytes(4_000_000), 10**6, KEY)
+    st.publish(blob1, live, 10.0, keep=3)
+    x = st.plans[1].chains[0][0]  # a seed with a child, then its child and the other chain
+    y = st.plans[1].child_of(x)
+    other = st.plans[1].chains[1]
+    assert y is not None and st.route(y, 1, live, now=10.0)[0] == x
+    assert st.relay_floor(y, 1, x) == pytest.approx(0.75e6)
+    # y measures x below the floor and reports it slow: x leaves the plan, y and its tail go
+    # behind the other chain's tail (x still takes the learner's stream; no new one is opened)
+    parent, url = st.failure(y, 1, x, "slow", live, now=15.0)
+    assert (parent, url) == (other[-1], f"http://{other[-1]}:1")
+    assert x not in st.plans[1].workers() and st.plans[1].chains[0][: len(other)] == other
+    assert st.stats[x].failures == 1 and st.stats[x].demoted and st.failures["slow"] == 1
+    assert st.relay_floor(y, 1, parent) is None, "one demotion per receiver and version"
+    # a second slow report from y only re-routes it: its new parent is not penalized
+    assert st.failure(y, 1, parent, "slow", live, now=16.0) == (parent, url)
+    assert parent not in st.stats or st.stats[parent].failures == 0
+    assert st.plans[1].parent_of(y) == parent
+    # x, still receiving, gets no child for this version (a late joiner goes elsewhere)
+    live |= peers("late", at=20.0)
+    assert st.route("late", 1, live, now=20.0)[0] != x
+
+    # the next plan: x is only a tail; the plan after it, x may relay again (ranked by its score)
+    st.publish(make_blob(2, bytes(10), 10, KEY), live, 30.0, keep=3)
+    assert x in st.plans[2].workers() and st.plans[2].child_of(x) is None
+    assert not st.stats[x].demoted and st._can_relay(x, live)
+    assert st.status({}, now=30.0)["demoted"] == []
+
+
+def test_no_relay_floor_in_star_mode_or_when_demotion_is_off():
+    live = peers(*"abcd")
+    for policy in (
+        BroadcastPolicy(mode="star", chunk_size=10, worker_bps=BW),
+        BroadcastPolicy(
+            mode="chain", chunk_size=10, uplink_budget_bps=BW, worker_bps=BW, slow_relay_fraction=0
+        ),
+    ):
+        st = BroadcastState(policy)
+        blob = make_blob(0, bytes(4_000_000), 10**6, KEY)
+        st.publish(blob, live, 0.0, keep=2)
+        deliver(st, 0, live, blob, at=0.0, seconds=4.0)
+        w = next(w for w in live if st.plans[0].parent_of(w) is not None) if policy.mode == "chain" else "a"
+        assert st.relay_floor(w, 0, "b") is None

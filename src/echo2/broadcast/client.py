@@ -6,8 +6,10 @@ The API is described in relay.py's docstring.
 Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
 typed refusals, one retry policy); chunk streams use that client's session with their own progress
 timeout, since a stream is not a coordinator call. A relay is untrusted: it is sent no credential,
-its redirects are not followed, and one that delivers a chunk slower than `min_rate_bps` (after one
-progress timeout) is reported stalled, like one that sends nothing.
+its redirects are not followed, and one whose chunks arrive slower than `min_rate_bps` (measured
+over a progress timeout of reading) is reported stalled, like one that sends nothing. A route may
+carry the coordinator's own floor (`Route.min_rate_bps`, a fraction of the peers' rate): a relay
+below it is reported "slow" and the coordinator demotes it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -73,6 +76,39 @@ class _ParentFailed(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail = reason, detail
+
+
+class _Meter:
+    """The rate a relay delivers chunk bodies at, over the last `window_s` seconds spent waiting on
+    them (a sliding window, judged once a full window is measured): waits between chunks, while the
+    relay waits on its own upstream, and this worker's own download cap are not counted. Below
+    `stall_bps` the relay is stalled, below `slow_bps` slow. A relay that drops from rate R0 to R1
+    is caught window_s * (R0 - floor) / (R0 - R1) seconds later (a whole window if slow from the
+    start)."""
+
+    __slots__ = ("pieces", "bytes", "seconds", "stall_bps", "slow_bps", "window_s")
+
+    def __init__(self, *, stall_bps: float, slow_bps: float, window_s: float) -> None:
+        self.pieces: deque[tuple[int, float]] = deque()
+        self.bytes, self.seconds = 0, 0.0
+        self.stall_bps, self.slow_bps, self.window_s = stall_bps, slow_bps, window_s
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """One piece; raises _ParentFailed when the last full window came in below a floor."""
+        self.pieces.append((nbytes, seconds))
+        self.bytes += nbytes
+        self.seconds += seconds
+        while self.pieces and self.seconds - self.pieces[0][1] >= self.window_s:
+            b, t = self.pieces.popleft()
+            self.bytes -= b
+            self.seconds -= t
+        if self.seconds < self.window_s:
+            return
+        rate = self.bytes / self.seconds
+        if rate < self.stall_bps:
+            raise _ParentFailed("stalled", f"{rate:.0f} B/s, below the floor of {self.stall_bps:.0f} B/s")
+        if rate < self.slow_bps:
+            raise _ParentFailed("slow", f"{rate:.0f} B/s, below the relay floor of {self.slow_bps:.0f} B/s")
 
 
 class BroadcastClient:
@@ -216,6 +252,15 @@ class BroadcastClient:
             total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
         )
         started, received = time.monotonic(), 0
+        meter = (
+            _Meter(
+                stall_bps=self.min_rate_bps,
+                slow_bps=route.min_rate_bps or 0.0,
+                window_s=self.progress_timeout,
+            )
+            if relay and (self.min_rate_bps or route.min_rate_bps)
+            else None
+        )
         # Only the learner gets our credential; a relay is told who we are (for its own account of
         # the transfer) and nothing else.
         params = {"from": start, "child": self.worker_id} if relay else {"from": start}
@@ -244,7 +289,7 @@ class BroadcastClient:
                         raise _ParentFailed("gone", "the parent no longer holds this version")
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
                         raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
-                    data = await self._read(resp.content, length, floor=self.min_rate_bps if relay else 0.0)
+                    data = await self._read(resp.content, length, meter=meter)
                     if not self.store.put(version, index, data):
                         self._first_missing(version)  # dropped from the store: not the parent's fault
                         raise _ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
@@ -265,12 +310,12 @@ class BroadcastClient:
         )
 
     async def _read(
-        self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False, floor: float = 0.0
+        self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False, meter: _Meter | None = None
     ) -> bytes | None:
         """`n` bytes, each piece within the progress timeout and paced by the download cap. At a
-        frame boundary a clean end of stream returns None. With a `floor` (bytes/s), a body whose
-        pieces, after one progress timeout of waiting on them, came slower than it is a stall (the
-        time this worker's own download cap takes is not counted)."""
+        frame boundary a clean end of stream returns None. With a `meter`, every piece's wait is
+        measured against the relay's floors (the time this worker's own download cap takes is not
+        counted)."""
         if at_frame and n <= PIECE:
             try:
                 async with asyncio.timeout(self.progress_timeout):
@@ -279,7 +324,7 @@ class BroadcastClient:
                 if not e.partial:
                     return None
                 raise
-        parts, waited = [], 0.0
+        parts = []
         for at in range(0, n, PIECE):
             size = min(PIECE, n - at)
             if self.download_bucket is not None:
@@ -287,11 +332,8 @@ class BroadcastClient:
             t0 = time.monotonic()
             async with asyncio.timeout(self.progress_timeout):
                 parts.append(await content.readexactly(size))
-            waited += time.monotonic() - t0
-            if floor and waited > self.progress_timeout and (at + size) / waited < floor:
-                raise _ParentFailed(
-                    "stalled", f"{(at + size) / waited:.0f} B/s, below the floor of {floor:.0f} B/s"
-                )
+            if meter is not None:
+                meter.add(size, time.monotonic() - t0)
         return b"".join(parts)
 
     # ------------------------------------------------------------------ following

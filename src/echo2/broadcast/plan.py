@@ -1,9 +1,11 @@
 """Forwarding chains for snapshot broadcast (paper 4.2 and Appendix C.3): pure, no I/O, no clock.
 
 Workers are scored from their transfer history (`PeerStats`, the Appendix C.3 formula with the
-constants of `ScoreParams`), ranked, and laid out as N_ch = floor(B0 / Bw) chains
-of fan-out 1 (`build_chains`). A failed relay is excised and its tail reattaches to its parent
-(`ChainPlan.excise`). The broadcast-time formulas let the planner, the simulator and the benchmarks
+constants of `ScoreParams`; Speed relative to the peers' rate), ranked, and laid out as
+N_ch = floor(B0 / Bw) chains of fan-out 1 (`build_chains`). A failed relay is excised and its tail
+reattaches to its parent (`ChainPlan.excise`). A relay measured below `relay_floor` (slow) is
+removed too, its tail moving behind another chain's tail (`ChainPlan.demote`), and it sits out the
+next plan as a tail (`PeerStats.may_relay`). The broadcast-time formulas let the planner, the simulator and the benchmarks
 compare chains with a star against the fluid lower bound M / Bw.
 
 Units: sizes in bytes, bandwidths in bytes per second, times in seconds (callers convert Mbps).
@@ -18,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NEUTRAL_SCORE = 55.0
-"""Score of a worker with no history: slightly above average, so newcomers get tried."""
+"""Score of a worker with no history: below a relay with a clean record at its peers' rate (100; 61
+even after 10 idle minutes with a single success), above one at a tenth of it (50), so newcomers
+are tried before slow relays."""
+SLOW_RELAY_FRACTION = 0.75
+"""A relay delivering chunks to its child below this fraction of its peers' rate is demoted (it
+would stretch its chain's broadcast by more than 1 / 0.75 = 1.33x): see `relay_floor`."""
+PEER_RATE_SAMPLES = 3
+"""Relay transfers measured before the peers' rate counts (for Speed and the relay floor)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,13 +43,19 @@ class ScoreParams:
     max_decay: float = 0.3
     history: int = 10
     """Speed is the mean rate of this many most recent transfers."""
+    speed_decades: float = 1.0
+    """Speed falls from 100 at the peers' rate to 0 over this many decades below it."""
 
 
 @dataclass(slots=True, kw_only=True)
 class PeerStats:
     """Transfer history of one worker and its score (Appendix C.3, Lattica's peer selection).
 
-    Score = Decay * (0.5 Speed + 0.35 Success*100 + 0.15 Stability*100), on a 0-100 scale.
+    Score = Decay * (0.5 Speed + 0.35 Success*100 + 0.15 Stability*100), on a 0-100 scale, with
+    Speed measured against the peers' rate (`reference_bps`, the caller's: the median rate of
+    recent relay transfers), so that ranking is dominated by Speed as the paper reports: a perfect
+    record at the peers' rate (or faster: a chain runs at the rate it was planned at, so a faster
+    relay gains it nothing) scores 100, at half of it 84.9, at a tenth 50 (below a newcomer's 55).
     """
 
     params: ScoreParams = field(default_factory=ScoreParams)
@@ -49,6 +64,8 @@ class PeerStats:
     consecutive_successes: int = 0
     consecutive_failures: int = 0
     last_update: float | None = None
+    demoted: bool = False
+    """Reported slow as a parent since the last plan was made: only a tail in the next one."""
     rates: deque[float] = field(init=False)
     """Bytes/s of the most recent transfers (at most `params.history`)."""
 
@@ -70,14 +87,29 @@ class PeerStats:
         self.consecutive_successes = 0
         self.last_update = now
 
-    def speed(self) -> float:
-        """clamp((log10(mean rate) - 3) / 5 * 100, 0, 100): 1 KB/s -> 0, 1 MB/s -> 60, 100 MB/s -> 100."""
+    def record_slow(self, now: float) -> None:
+        """Its child left it for delivering below the relay floor: a failed transfer, and it sits
+        out the next plan as a tail (Appendix C.3: degraded relays are "moved toward chain tails")."""
+        self.record_failure(now)
+        self.demoted = True
+
+    def may_relay(self) -> bool:
+        """May it serve a child in a new plan: not demoted since the last plan, and not failed as a
+        parent more than `failure_threshold` times in a row (then it is only ever a tail)."""
+        return not self.demoted and self.consecutive_failures <= self.params.failure_threshold
+
+    def speed(self, reference_bps: float) -> float:
+        """clamp(100 * (1 + log10(mean rate / reference_bps) / speed_decades), 0, 100): 100 at the
+        peers' rate or faster, 69.9 at half of it, 0 at a tenth (one decade by default)."""
+        if reference_bps <= 0:
+            raise ValueError("reference_bps must be positive")
         if not self.rates:
             return 0.0
         mean = sum(self.rates) / len(self.rates)
         if mean <= 0:
             return 0.0
-        return min(100.0, max(0.0, (math.log10(mean) - 3) / 5 * 100))
+        ratio = math.log10(mean / reference_bps) / self.params.speed_decades
+        return min(100.0, max(0.0, 100 * (1 + ratio)))
 
     def success(self) -> float:
         total = self.successes + self.failures
@@ -95,11 +127,22 @@ class PeerStats:
         idle = max(0.0, now - self.last_update)
         return 1 - min(idle / self.params.decay_window_s, self.params.max_decay)
 
-    def score(self, now: float) -> float:
+    def score(self, now: float, reference_bps: float) -> float:
+        """The score at `now`, Speed against the peers' rate `reference_bps` (bytes/s)."""
         if self.successes == 0 and self.failures == 0:
             return NEUTRAL_SCORE
-        raw = 0.5 * self.speed() + 0.35 * self.success() * 100 + 0.15 * self.stability() * 100
+        speed = self.speed(reference_bps)
+        raw = 0.5 * speed + 0.35 * self.success() * 100 + 0.15 * self.stability() * 100
         return min(100.0, max(0.0, self.decay(now) * raw))
+
+
+def relay_floor(peer_bps: float | None, fraction: float = SLOW_RELAY_FRACTION) -> float | None:
+    """The rate (bytes/s) below which a relay's chunks reach its child too slowly: `fraction` of
+    the peers' measured rate (the rate its chain was planned at). None when there is nothing to
+    measure against yet or demotion is off (`fraction` 0): a configured Bw is no evidence."""
+    if peer_bps is None or peer_bps <= 0 or fraction <= 0:
+        return None
+    return fraction * peer_bps
 
 
 def n_chains(uplink_bps: float, worker_bps: float, n_workers: int) -> int:
@@ -172,6 +215,27 @@ class ChainPlan:
         rest = self.chains[ci][:pos] + self.chains[ci][pos + 1 :]
         chains = self.chains[:ci] + ((rest,) if rest else ()) + self.chains[ci + 1 :]
         return ChainPlan(chains=chains, mode=self.mode)
+
+    def demote(self, worker_id: str, open_tails: set[str] | frozenset[str] = frozenset()) -> ChainPlan:
+        """Remove a slow relay that is still receiving (so its parent's upload, or the learner's
+        stream to it, is still busy): its child and the rest of its chain move behind the tail of
+        the shortest other chain whose tail is in `open_tails` (ties: the first), a peer whose
+        upload is free, so no parent feeds two children and no new learner stream takes its share
+        of B0 from every seed. Without such a tail they reattach to its parent, as `excise` does.
+        A worker not in the plan leaves it unchanged."""
+        try:
+            ci, pos = self._locate(worker_id)
+        except KeyError:
+            return self
+        rest = self.chains[ci][pos + 1 :]
+        hosts = [i for i, c in enumerate(self.chains) if i != ci and c[-1] in open_tails]
+        if not rest or not hosts:
+            return self.excise(worker_id)
+        host = min(hosts, key=lambda i: len(self.chains[i]))
+        chains = list(self.chains)
+        chains[host] = chains[host] + rest
+        chains[ci] = chains[ci][:pos]
+        return ChainPlan(chains=tuple(c for c in chains if c), mode=self.mode)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "chains": [list(chain) for chain in self.chains]}

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from echo2.broadcast.plan import SLOW_RELAY_FRACTION
+
 
 def publish_every(kappa: int | None, staleness: int) -> int:
     """kappa, the publish period in learner steps: as given, else max(1, S - 1) (paper 3.3)."""
@@ -359,9 +361,13 @@ class BroadcastConfig(_Section):
     """PEM file of the learner's Ed25519 signing key, created on first start; default
     RUN_DIR/learner_key.pem, so a resumed run keeps its key."""
     min_relay_mbps: float = Field(1.0, ge=0)
-    """A relay whose chunk arrives slower than this (measured once it has taken a progress
-    timeout) is reported stalled and excised, like one that sends nothing; 0: no floor. Keep it
+    """A relay whose chunks arrive slower than this (over the last progress timeout spent reading
+    them) is reported stalled and excised, like one that sends nothing; 0: no floor. Keep it
     below worker_upload_mbps."""
+    slow_relay_fraction: float = Field(SLOW_RELAY_FRACTION, ge=0, lt=1)
+    """A relay whose chunks reach its child below this fraction of its peers' measured relay rate
+    (median of the last 20 credited relay transfers; measured over a progress timeout of reading)
+    is reported slow: excised like a failed one and only a tail in the next plan. 0: never."""
 
     @model_validator(mode="after")
     def _floor(self) -> BroadcastConfig:

@@ -7,15 +7,26 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 
 - **Plan.** At each publication the live workers are scored (Appendix C.3) and laid out as
   N_ch = floor(B0 / Bw_hat) chains (mode "chain") or all fed by the learner (mode "star"). Bw_hat is
-  the median rate of the last 20 transfers workers reported, the configured figure until then. A
-  worker with no relay server, or one that failed as a parent more than 3 times in a row, is only
-  ever a tail.
+  the median rate of the last 20 transfers workers reported, the configured figure until then.
+  Speed in the scores is measured against the peers' rate: the median of the last 20 credited relay
+  transfers (Bw_hat until there are 3). A worker with no relay server, one that failed as a parent
+  more than 3 times in a row, or one demoted as slow since the last plan, is only a tail.
 - **Route.** A worker asks whom to receive a version from. One that joined after the publication is
   appended to the shortest chain whose tail may relay (else fed by the learner); a parent that has
   been lost since planning is excised first.
 - **Failure.** A receiver reports its parent: the parent's score falls, it is excised (its tail
   reattaches to the nearest healthy upstream peer, or the learner), and it may not get a child for
   this version again; the receiver gets its new parent.
+- **Slow relays.** A route to a relay carries a rate floor (`relay_floor`: a fraction of the peers'
+  rate, once 3 relay transfers are credited); a receiver whose chunks from that relay arrive below
+  it, over a progress timeout of reading, reports it `slow`. The relay leaves the plan (a failure
+  for its score; it may not get a child for this version again), and since it is still receiving,
+  its tail moves behind the tail of the shortest other chain that may relay (a peer with free
+  upload; the relay's parent is still busy feeding it, and a new learner stream would take its
+  share of B0 from every seed), or to its parent if there is none. It is demoted: only a tail in
+  the next plan, then ranked by its score again. A receiver can demote one parent per version
+  (its later routes for that version carry no floor, and a second `slow` report only re-routes
+  it), so a worker whose own downlink is the bottleneck cannot demote every relay it is given.
 - **Transfers.** A transfer counts for its parent's score (and for Bw_hat) only once the
   coordinator's route, the receiver's install report and the sender's own account agree
   (control/transfers.py); a worker cannot credit itself or a parent it was not given.
@@ -38,7 +49,15 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import Manifest, make_manifest
-from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, plan_broadcast
+from echo2.broadcast.plan import (
+    PEER_RATE_SAMPLES,
+    SLOW_RELAY_FRACTION,
+    ChainPlan,
+    PeerInfo,
+    PeerStats,
+    plan_broadcast,
+    relay_floor,
+)
 from echo2.control.transfers import Credit, TransferLedger
 
 QUANTILES = (0.9, 1.0)
@@ -64,6 +83,8 @@ class BroadcastPolicy:
     """B0 in bytes/s for planning; None: unlimited (every worker is a seed)."""
     worker_bps: float = 100e6 / 8
     """Bw_hat in bytes/s until transfers are measured."""
+    slow_relay_fraction: float = SLOW_RELAY_FRACTION
+    """A relay delivering below this fraction of its peers' measured rate is demoted; 0: never."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +135,10 @@ class BroadcastState:
         """q -> version -> seconds until a fraction q of the live workers ran the version."""
         self.stats: dict[str, PeerStats] = {}
         self.rates: deque[float] = deque(maxlen=20)
+        self.relay_rates: deque[float] = deque(maxlen=20)
+        """Rates of the last credited transfers a relay (not the learner) served: the peers' rate."""
+        self.slow_reported: dict[int, set[str]] = {}
+        """Per version, receivers that demoted a parent as slow (one each per version)."""
         self.failures: Counter[str] = Counter()
         """Parent failures reported by receivers, by reason."""
         self.bytes_served = 0
@@ -125,19 +150,37 @@ class BroadcastState:
     def bw_hat(self) -> float:
         return statistics.median(self.rates) if self.rates else self.policy.worker_bps
 
+    def peer_bps(self) -> float | None:
+        """The peers' measured relay rate (bytes/s), None until PEER_RATE_SAMPLES are credited."""
+        return statistics.median(self.relay_rates) if len(self.relay_rates) >= PEER_RATE_SAMPLES else None
+
+    def reference_bps(self) -> float:
+        """What Speed is measured against: the peers' relay rate, Bw_hat until it is measured."""
+        return self.peer_bps() or self.bw_hat()
+
+    def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
+        """The rate floor (bytes/s) of a route: below it the receiver reports its relay `slow`.
+        None for the learner, in star mode, before the peers' rate is measured, and once this
+        receiver has demoted a parent for this version."""
+        if parent_id is None or self.policy.mode != "chain":
+            return None
+        if worker_id in self.slow_reported.get(version, ()):
+            return None
+        return relay_floor(self.peer_bps(), self.policy.slow_relay_fraction)
+
     def _stats(self, worker_id: str) -> PeerStats:
         return self.stats.setdefault(worker_id, PeerStats())
 
     def _can_relay(self, worker_id: str, peers: dict[str, Peer]) -> bool:
         stats = self.stats.get(worker_id)
-        demoted = stats is not None and stats.consecutive_failures > stats.params.failure_threshold
-        return peers[worker_id].relay_url is not None and not demoted
+        return peers[worker_id].relay_url is not None and (stats is None or stats.may_relay())
 
     def make_plan(self, peers: dict[str, Peer], now: float) -> ChainPlan:
+        reference = self.reference_bps()
         infos = [
             PeerInfo(
                 worker_id=w,
-                score=self.stats[w].score(now) if w in self.stats else PeerStats().score(now),
+                score=(self.stats[w] if w in self.stats else PeerStats()).score(now, reference),
                 inbound=self._can_relay(w, peers),
             )
             for w in sorted(peers)
@@ -154,8 +197,12 @@ class BroadcastState:
         self.snapshots[v] = blob
         self.published_at[v] = now
         self.plans[v] = self.make_plan(peers, now)
+        for w in peers:  # a demoted relay has sat out this plan as a tail
+            if w in self.stats:
+                self.stats[w].demoted = False
         self.leaf_only[v] = set()
         self.receiving[v] = set()
+        self.slow_reported[v] = set()
         for old in sorted(self.published_at)[:-HISTORY]:
             del self.published_at[old]
             self.installed_at.pop(old, None)
@@ -168,6 +215,7 @@ class BroadcastState:
                 self.plans.pop(v, None)
                 self.leaf_only.pop(v, None)
                 self.receiving.pop(v, None)
+                self.slow_reported.pop(v, None)
                 self.ledger.forget(v)
 
     # ------------------------------------------------------------------ routing
@@ -195,17 +243,22 @@ class BroadcastState:
             self.ledger.route(version, parent, worker_id, now)
         return parent, (peers[parent].relay_url if parent is not None else None)
 
+    def _open_tails(self, plan: ChainPlan, version: int, peers: dict[str, Peer]) -> set[str]:
+        """Chain tails that may take a child for this version (live, may relay, not excised)."""
+        return {
+            chain[-1]
+            for chain in plan.chains
+            if chain[-1] in peers
+            and self._can_relay(chain[-1], peers)
+            and chain[-1] not in self.leaf_only[version]
+        }
+
     def _attach(self, plan: ChainPlan, worker_id: str, version: int, peers: dict[str, Peer]) -> ChainPlan:
         """A worker the plan does not know: the new tail of the shortest chain whose tail may relay."""
         chains = list(plan.chains)
         if plan.mode == "chain":
-            open_tails = [
-                i
-                for i, chain in enumerate(chains)
-                if chain[-1] in peers
-                and self._can_relay(chain[-1], peers)
-                and chain[-1] not in self.leaf_only[version]
-            ]
+            tails = self._open_tails(plan, version, peers)
+            open_tails = [i for i, chain in enumerate(chains) if chain[-1] in tails]
             if open_tails:
                 i = min(open_tails, key=lambda i: len(chains[i]))
                 chains[i] = chains[i] + (worker_id,)
@@ -222,7 +275,8 @@ class BroadcastState:
         now: float,
     ) -> tuple[str | None, str | None]:
         """A receiver's parent failed: score it down and excise it if it is still that receiver's
-        parent (a report about an old parent changes nothing); returns the receiver's new route."""
+        parent (a report about an old parent changes nothing); returns the receiver's new route.
+        Reason "slow" also demotes the parent for the next plan, once per receiver and version."""
         plan = self.plans.get(version)
         if plan is None:
             raise NotKept(version)
@@ -232,9 +286,17 @@ class BroadcastState:
         except KeyError:
             current = None
         if parent_id is not None and parent_id == current:
-            if reason != "gone":  # a parent that dropped an old version did nothing wrong
-                self._stats(parent_id).record_failure(now)
-            self.plans[version] = plan.excise(parent_id)
+            slow = self.slow_reported.setdefault(version, set())
+            if reason == "slow" and worker_id in slow:  # its own link is the likelier culprit
+                return self.route(worker_id, version, peers, now)
+            if reason == "slow":  # still receiving: its tail moves behind a free chain tail
+                slow.add(worker_id)
+                self._stats(parent_id).record_slow(now)
+                self.plans[version] = plan.demote(parent_id, self._open_tails(plan, version, peers))
+            else:
+                if reason != "gone":  # a parent that dropped an old version did nothing wrong
+                    self._stats(parent_id).record_failure(now)
+                self.plans[version] = plan.excise(parent_id)
             self.leaf_only[version].add(parent_id)
         return self.route(worker_id, version, peers, now)
 
@@ -283,6 +345,8 @@ class BroadcastState:
             self.rates.append(credit.bytes / credit.seconds)
         if credit.parent_id is not None:
             self._stats(credit.parent_id).record_transfer(credit.bytes, credit.seconds, now)
+            if credit.bytes > 0:
+                self.relay_rates.append(credit.bytes / credit.seconds)
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
         """The worker runs `version`: it counts as having every published version up to it. False
@@ -338,5 +402,9 @@ class BroadcastState:
             "parent_failures": dict(self.failures),
             "transfer_accounts": dict(self.ledger.outcomes),
             "learner_bytes_sent": self.bytes_served,
-            "scores": {names.get(w, w): round(s.score(now), 1) for w, s in self.stats.items()},
+            "peer_mbps": None if (peer := self.peer_bps()) is None else peer * 8 / 1e6,
+            "scores": {
+                names.get(w, w): round(s.score(now, self.reference_bps()), 1) for w, s in self.stats.items()
+            },
+            "demoted": sorted(names.get(w, w) for w, s in self.stats.items() if s.demoted),
         }

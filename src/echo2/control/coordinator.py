@@ -425,14 +425,19 @@ class Coordinator:
     async def route(self, request: web.Request) -> web.Response:
         req = await self._body(request, RouteRequest)
         parent_id, url = self.state.route(req.worker_id, req.version)
-        return web.json_response(Route(version=req.version, parent_id=parent_id, url=url).model_dump())
+        return self._route(req.worker_id, req.version, parent_id, url)
 
     async def failure(self, request: web.Request) -> web.Response:
         req = await self._body(request, FailureRequest)
         parent_id, url = self.state.report_failure(
             req.worker_id, req.version, req.parent_id, req.reason, req.detail
         )
-        return web.json_response(Route(version=req.version, parent_id=parent_id, url=url).model_dump())
+        return self._route(req.worker_id, req.version, parent_id, url)
+
+    def _route(self, worker_id: str, version: int, parent_id: str | None, url: str | None) -> web.Response:
+        floor = self.state.relay_floor(worker_id, version, parent_id)
+        route = Route(version=version, parent_id=parent_id, url=url, min_rate_bps=floor)
+        return web.json_response(route.model_dump())
 
     async def installed(self, request: web.Request) -> web.Response:
         req = await self._body(request, InstalledRequest)

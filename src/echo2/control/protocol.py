@@ -134,8 +134,9 @@ class RouteRequest(_Wire):
     version: int = Field(ge=0)
 
 
-FailureReason = Literal["unreachable", "stalled", "bad_chunk", "refused", "incomplete", "gone"]
-"""Why a receiver left its parent; "gone": the parent no longer holds the version (no penalty)."""
+FailureReason = Literal["unreachable", "stalled", "slow", "bad_chunk", "refused", "incomplete", "gone"]
+"""Why a receiver left its parent; "gone": the parent no longer holds the version (no penalty);
+"slow": its chunks arrived below the route's `min_rate_bps` (the parent is demoted)."""
 
 
 class FailureRequest(_Wire):
@@ -155,6 +156,9 @@ class Route(_Wire):
     version: int
     parent_id: str | None
     url: str | None
+    min_rate_bps: float | None = None
+    """The relay floor: chunks from this parent arriving slower (bytes/s, over a progress timeout
+    of reading) are reported "slow"; null: no floor (the learner, or not measured yet)."""
 
 
 class Transfer(_Wire):

@@ -109,6 +109,7 @@ class RemoteRollout:
                 chunk_size=bc.chunk_bytes,
                 uplink_budget_bps=None if budget_mbps is None else budget_mbps * 1e6 / 8,
                 worker_bps=bc.worker_mbps * 1e6 / 8,
+                slow_relay_fraction=bc.slow_relay_fraction,
             ),
             signing_key=load_or_create_key(key_file),
         )

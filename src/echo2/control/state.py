@@ -407,6 +407,11 @@ class CoordinatorState:
             except NotKept:
                 raise NoSnapshot(f"version {version} is not kept") from None
 
+    def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
+        """The rate floor (bytes/s) of `worker_id`'s route to `parent_id` for `version` (None: none)."""
+        with self.lock:
+            return self.bcast.relay_floor(worker_id, version, parent_id)
+
     def report_failure(
         self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
     ) -> tuple[str | None, str | None]:

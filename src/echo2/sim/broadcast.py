@@ -97,12 +97,16 @@ class Transfer:
         return [e + self.delay for e in self.links[worker].end]
 
     # ------------------------------------------------------------------ changes
+    def children(self, worker: str) -> list[str]:
+        """The receivers `worker` sends to (its plan child, and while a demoted relay's child is
+        moved, a parent may briefly feed two)."""
+        return [w for w, link in self.links.items() if link.sender == worker]
+
     def drop(self, worker: str, now: float) -> None:
-        """`worker` vanished at `now`: it installs nothing, and its child receives nothing that
+        """`worker` vanished at `now`: it installs nothing, and its children receive nothing that
         had not fully left it by then, until `reattach`."""
         self.links[worker].dead = True
-        child = self.plan.child_of(worker)
-        if child is not None:
+        for child in self.children(worker):
             link = self.links[child]
             link.orphaned = True
             for k in range(len(self.sizes)):
@@ -112,16 +116,38 @@ class Transfer:
 
     def reattach(self, worker: str, now: float) -> str | None:
         """Excise a dropped `worker` from the plan (its tail reattaches to its parent, paper C.3)
-        and resume its child's transfer from the new parent at `now`. Returns the child."""
-        child = self.plan.child_of(worker)
+        and resume its child's transfer from that parent at `now`. Returns the child (None at a
+        tail)."""
+        children = self._move_children(worker)
         self.plan = self.plan.excise(worker)
-        if child is not None:
-            link = self.links[child]
-            link.sender = self.plan.parent_of(child)
-            link.orphaned = False
-            link.restart = True
         self.recompute(now)
-        return child
+        return children[0] if children else None
+
+    def demote(self, worker: str, now: float, open_tails: set[str]) -> list[str]:
+        """Remove a live relay found slow (`ChainPlan.demote`): its tail moves behind the tail of
+        another chain in `open_tails` (else to its own parent), restarting the chunk on the wire,
+        while it keeps receiving from its own parent; the plan lists it as a chain of its own from
+        now on, since it has no child. Returns the children that moved."""
+        plan = self.plan.demote(worker, open_tails)
+        children = self.children(worker)
+        for child in children:
+            new_parent = plan.parent_of(child) if child in plan.workers() else self.links[worker].sender
+            self._relink(child, new_parent)
+        self.plan = ChainPlan(chains=(*plan.chains, (worker,)), mode=plan.mode)
+        self.recompute(now)
+        return children
+
+    def _move_children(self, worker: str) -> list[str]:
+        children = self.children(worker)
+        for child in children:
+            self._relink(child, self.links[worker].sender)
+        return children
+
+    def _relink(self, child: str, sender: str | None) -> None:
+        link = self.links[child]
+        link.sender = sender
+        link.orphaned = False
+        link.restart = True
 
     def recompute(self, now: float) -> None:
         """Recompute every chunk not yet sent from `now`, with the current link caps."""

@@ -5,7 +5,12 @@ for workers activated later.
 A worker installs when its last chunk arrives; a dropped relay is excised after the heartbeat
 timeout and its tail resumes from the new parent; a newer publication supersedes an unfinished one
 (workers that missed it take the newer snapshot). A finished transfer scores the peer that served
-it, as the coordinator does.
+it, as the coordinator does. A relay whose upload falls below the relay floor (a fraction of the
+peers' measured relay rate, `broadcast.plan.relay_floor`) is reported slow by its child once the
+child's sliding window of `broadcast.progress_timeout_s` averages below the floor, as the runtime
+client judges it: the relay leaves the plan, its tail moves behind another chain's free tail
+(`ChainPlan.demote`), and it is only a tail in the next plan, as the coordinator does
+(control/broadcast.py).
 
 Owns the publications (what was published when, every broadcast with its plan and install times),
 the transfer in flight and T_bcast as measured. Knows nothing of the learner's loop (it is told
@@ -17,11 +22,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Callable
 
 import simpy
 
-from echo2.broadcast.plan import ChainPlan, PeerInfo, broadcast_time, plan_broadcast
+from echo2.broadcast.plan import (
+    PEER_RATE_SAMPLES,
+    ChainPlan,
+    PeerInfo,
+    broadcast_time,
+    plan_broadcast,
+    relay_floor,
+)
 from echo2.sim.broadcast import Transfer
 from echo2.sim.rollout import Rollout
 from echo2.sim.state import TARGET_QUANTILE, Publication, SimWorker, World
@@ -43,6 +56,12 @@ class Dissemination:
         self._published_evt: simpy.Event = world.env.event()
         self._transfer: Transfer | None = None
         self._epoch = 0
+        self.relay_rates: deque[float] = deque(maxlen=20)
+        """Rates of the last transfers a relay served (the coordinator's peers' rate)."""
+        self._watched: set[tuple[str, str]] = set()
+        """(receiver, relay) links of the broadcast in flight checked against the relay floor."""
+        self._slow_reported: set[str] = set()
+        """Receivers that reported a relay slow in the broadcast in flight (one each)."""
 
     # ------------------------------------------------------------------ planning
     def estimate(self, n: int) -> float:
@@ -62,18 +81,29 @@ class Dissemination:
             n_ch=b.chains,
         )
 
+    def peer_bps(self) -> float | None:
+        """The peers' measured relay rate, as the coordinator's (None until enough transfers)."""
+        return statistics.median(self.relay_rates) if len(self.relay_rates) >= PEER_RATE_SAMPLES else None
+
     def plan(self, receivers: list[str]) -> ChainPlan:
-        """The broadcast plan now: a star, or chains laid out by the planner from peer scores."""
+        """The broadcast plan now: a star, or chains laid out by the planner from peer scores
+        (Speed against the peers' rate; demoted or repeatedly failed relays only at tails)."""
         now, workers = self.world.env.now, self.world.workers
+        bw = statistics.median(workers[w].spec.down_bps for w in receivers)
+        reference = self.peer_bps() or bw
         peers = [
-            PeerInfo(worker_id=w, score=workers[w].stats.score(now), inbound=workers[w].spec.inbound)
+            PeerInfo(
+                worker_id=w,
+                score=workers[w].stats.score(now, reference),
+                inbound=workers[w].spec.inbound and workers[w].stats.may_relay(),
+            )
             for w in receivers
         ]
         return plan_broadcast(
             peers,
             mode=self.mode,
             uplink_bps=self.world.uplink_bps,
-            worker_bps=statistics.median(workers[w].spec.down_bps for w in receivers),
+            worker_bps=bw,
             n_ch=self.world.sc.broadcast.chains,
         )
 
@@ -129,6 +159,10 @@ class Dissemination:
             self._transfer = None
             return
         plan = self.plan(receivers)
+        for wid in receivers:  # a demoted relay has sat out this plan as a tail
+            workers[wid].stats.demoted = False
+        self._watched.clear()
+        self._slow_reported.clear()
         published = dict(self.published_at)[version]
         self.publications.append(
             Publication(version=version, time=published, started=now, receivers=receivers, plan=plan)
@@ -171,6 +205,61 @@ class Dissemination:
             t = tr.install_time(wid)
             if w.alive and w.installed < version and t < math.inf:
                 self.world.env.process(self._install_at(w, t, version, self._epoch))
+        self._watch_slow(tr)
+
+    # ------------------------------------------------------------------ slow relays
+    def _slow_link(self, tr: Transfer, receiver: str) -> str | None:
+        """The relay feeding `receiver` if its upload is below the relay floor (None otherwise).
+        The receiver measures its parent's upload, not its own download cap (the runtime client
+        does not count the time its own download bucket takes)."""
+        floor = relay_floor(self.peer_bps(), self.world.sc.broadcast.slow_relay_fraction)
+        link, w = tr.links[receiver], self.world.workers[receiver]
+        if floor is None or self.mode != "chain" or link.sender is None or link.dead or link.orphaned:
+            return None
+        if not w.alive or receiver in self._slow_reported or tr.install_time(receiver) <= self.world.env.now:
+            return None
+        s = self.world.workers[link.sender]
+        up = s.spec.up_bps * s.link_factor
+        return link.sender if up < floor and up < w.spec.down_bps else None
+
+    def _watch_slow(self, tr: Transfer, prior: dict[str, tuple[str | None, float]] | None = None) -> None:
+        """Schedule the slow report of every link now below the relay floor. The receiver judges
+        the last progress timeout W of reading (client.py's `_Meter`): a link that fell from R0 to
+        R1 (`prior`: sender and rate before the change) is caught W (R0 - F) / (R0 - R1) later, one
+        slow from its start after W."""
+        window = self.world.sc.broadcast.progress_timeout_s
+        floor = relay_floor(self.peer_bps(), self.world.sc.broadcast.slow_relay_fraction)
+        for receiver in tr.plan.workers():
+            sender = self._slow_link(tr, receiver)
+            if sender is None or floor is None or (receiver, sender) in self._watched:
+                continue
+            delay = window
+            before, rate = (prior or {}).get(receiver, (None, 0.0)), tr.links[receiver].rate
+            if before[0] == sender and before[1] > floor > rate:
+                delay = window * (before[1] - floor) / (before[1] - rate)
+            self._watched.add((receiver, sender))
+            self.world.env.process(self._report_slow(tr, receiver, sender, delay))
+
+    def _report_slow(self, tr: Transfer, receiver: str, sender: str, delay: float):
+        """After `delay` the receiver reports its relay slow, if it still is."""
+        env = self.world.env
+        yield env.timeout(delay)
+        self._watched.discard((receiver, sender))
+        if self._transfer is not tr or self._slow_link(tr, receiver) != sender:
+            if self._transfer is tr:
+                self._watch_slow(tr)  # a new parent may be slow too
+            return
+        self._slow_reported.add(receiver)
+        self.world.workers[sender].stats.record_slow(env.now)
+        self.publications[-1].demoted.append((env.now, sender))
+        workers = self.world.workers
+        open_tails = {
+            c[-1]
+            for c in tr.plan.chains
+            if workers[c[-1]].alive and workers[c[-1]].spec.inbound and workers[c[-1]].stats.may_relay()
+        }
+        tr.demote(sender, env.now, open_tails)
+        self._after_change()
 
     def _install_at(self, w: SimWorker, t: float, version: int, epoch: int):
         env = self.world.env
@@ -183,6 +272,8 @@ class Dissemination:
         if sender is not None:  # as the coordinator does: a transfer scores the peer that served it
             seconds = env.now - tr.first_byte(w.id)
             self.world.workers[sender].stats.record_transfer(int(self.world.snapshot_bytes), seconds, env.now)
+            if seconds > 0:
+                self.relay_rates.append(self.world.snapshot_bytes / seconds)
         self.publications[-1].installs[w.id] = env.now
         self._on_install()
         self.rollout.install(w, version)
@@ -221,6 +312,9 @@ class Dissemination:
     def link_changed(self) -> None:
         """A worker's upload rate changed: reschedule the transfer in flight from now."""
         if self.broadcasting():
-            assert self._transfer is not None
-            self._transfer.recompute(self.world.env.now)
+            tr = self._transfer
+            assert tr is not None
+            prior = {w: (link.sender, link.rate) for w, link in tr.links.items()}
+            tr.recompute(self.world.env.now)
+            self._watch_slow(tr, prior)
             self._after_change()

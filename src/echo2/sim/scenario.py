@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from echo2.broadcast.plan import SLOW_RELAY_FRACTION
 from echo2.config import ConfigError, check_kappa, publish_every, read_toml, set_dotted, validation_message
 
 SELECTORS = ("forwarder", "tail")
@@ -81,6 +82,13 @@ class BroadcastSpec(_Section):
     storage_mbps: float | None = Field(None, gt=0, allow_inf_nan=False)
     """Rate at which a worker activated mid-run (replacement, scale-up) fetches the current
     snapshot from cloud storage (paper C.3, not through the broadcast caps); default its download."""
+    slow_relay_fraction: float = Field(SLOW_RELAY_FRACTION, ge=0, lt=1)
+    """As the runtime's broadcast.slow_relay_fraction: a relay delivering below this fraction of
+    the peers' measured relay rate is reported slow by its child, excised and demoted to a tail for
+    the next plan; 0: never (slow relays are then only ranked down by their scores)."""
+    progress_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    """The receiver's measurement window (broadcast.progress_timeout_s): a slow relay is reported
+    once its child's last window of reading averaged below the floor."""
 
     @property
     def chunk_bytes(self) -> float:

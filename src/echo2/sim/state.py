@@ -116,6 +116,8 @@ class Publication:
     started: float
     """When the broadcast started (later than `time` when it waited for the previous one)."""
     installs: dict[str, float] = field(default_factory=dict)
+    demoted: list[tuple[float, str]] = field(default_factory=list)
+    """(time, relay) of every relay its child reported slow during this broadcast."""
 
     def t_bcast(self, q: float, alive: set[str]) -> float | None:
         """Seconds until a share q of the receivers still alive installed it (None if never)."""
