@@ -116,6 +116,15 @@ def _parser() -> argparse.ArgumentParser:
         help="EMULATION for capacity experiments: no model, random responses at RATE trajectories/s",
     )
     w.add_argument(
+        "--throughput",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="trajectories/s this worker declares at registration (default: the --emulate rate, else "
+        "a calibration generation is timed once the model is loaded); the coordinator replaces it "
+        "with what the worker delivers once measured",
+    )
+    w.add_argument(
         "--learner-key",
         default=None,
         metavar="FINGERPRINT",
@@ -289,7 +298,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError("--token: missing (or set ECHO2_TOKEN)")
     if not re.fullmatch(r"https?://[^/\s]+/?", args.coordinator):
         raise ConfigError(f"--coordinator: not an http:// or https:// URL: {args.coordinator!r}")
-    for flag in ("upload_mbps", "download_mbps", "emulate"):
+    for flag in ("upload_mbps", "download_mbps", "emulate", "throughput"):
         if getattr(args, flag) is not None and not getattr(args, flag) > 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
     if not 0 <= args.relay_port <= 65535:
@@ -325,6 +334,7 @@ def _worker(args: argparse.Namespace) -> int:
             inbound=args.inbound,
             give_up_after=args.give_up_after,
             emulate=args.emulate,
+            throughput=args.throughput,
             relay_host=args.relay_host,
             relay_port=args.relay_port,
             relay_advertise=args.relay_advertise,

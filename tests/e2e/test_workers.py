@@ -161,6 +161,54 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     assert len(rows) == 40
 
 
+def test_a_slow_emulated_pool_completes_its_steps_without_a_reissued_lease(tmp_path):
+    """Two EMULATED workers at 2 trajectories/s, groups of 4, a step of 4 groups, a 4 s lease
+    timeout: a whole-step lease (16 trajectories, 8 s) would outlive its timeout every time and its
+    late push be dropped, so no step would ever complete; leases sized from the declared rate (one
+    group, 2 s) finish well inside it, and no lease is reissued."""
+    config = load_config(
+        TINY,
+        {
+            "rollout.prompts_per_step": 4,
+            "learner.steps": 3,
+            "learner.staleness": 1,
+            "run.eval_size": 0,
+            "coordinator.lease_timeout": 4.0,
+            "coordinator.heartbeat_interval": 0.5,
+            "coordinator.wait_timeout": 180.0,  # the old whole-step leases: fail, not hang
+        },
+    )
+    fleet = LocalFleet.identical(2, threads=1, emulate=2.0)
+    seen: dict = {}
+
+    def on_ready(source) -> None:
+        fleet.start(source)
+        seen["source"] = source
+
+        def at_the_end() -> None:  # before close: leases returned by stopping workers do not count
+            with source.state.lock:
+                seen["reissued"] = source.state.reissued
+                seen["expired"] = source.state.ingestion.expired
+                seen["rejected"] = dict(source.state.rejected)
+
+        source.before_close.append(at_the_end)
+
+    try:
+        summary = run(
+            config,
+            run_dir=tmp_path / "run",
+            progress=False,
+            source_spec=SourceSpec(remote=True, on_ready=on_ready),
+        )
+    finally:
+        fleet.stop()
+    assert summary["steps"] == 3
+    assert seen["reissued"] == 0 and seen["expired"] == 0, seen
+    assert seen["rejected"] == {}, "no push was dropped"
+    sizes = {len(lease.indices) for lease in seen["source"].state.leases.values()}
+    assert sizes <= {1}
+
+
 def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
     """Stop the coordinator's HTTP server mid-run (every worker connection drops), bring it back on
     the same port: workers retry and carry on; every accepted record is consumed, buffered or
@@ -313,14 +361,15 @@ def test_sigterm_stops_the_run_and_its_workers(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
+@pytest.mark.parametrize("flag", ["--emulate", "--throughput"])
 @pytest.mark.parametrize("rate", ["-1", "0"])
-def test_worker_refuses_an_emulated_rate_that_is_not_positive(rate, capsys):
-    """`echo2 worker --emulate -1` (or 0) exits 2 with one line naming the flag, before it loads a
-    model or calls the coordinator (port 9 has nothing listening)."""
-    argv = ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", "--emulate", rate]
+def test_worker_refuses_a_rate_that_is_not_positive(flag, rate, capsys):
+    """`echo2 worker --emulate -1` (or 0, or the same `--throughput`) exits 2 with one line naming
+    the flag, before it loads a model or calls the coordinator (port 9 has nothing listening)."""
+    argv = ["worker", "--coordinator", "http://127.0.0.1:9", "--token", "t", flag, rate]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--emulate: must be > 0" in err
+    assert err.count("\n") == 1 and f"{flag}: must be > 0" in err
 
 
 @pytest.mark.parametrize("flag", ["--relay-host", "--relay-advertise"])

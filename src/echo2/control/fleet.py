@@ -88,8 +88,16 @@ class Fleet:
         """Provided workers that went silent are stopped as failed."""
         return [Call(name=w.name, start=False, failed=True) for w in lost if w.provided]
 
-    def plan(self, registry: Registry, slots: Slots | None, now: float) -> list[Step]:
-        """This round's decisions (none while the target is unknown)."""
+    def plan(
+        self,
+        registry: Registry,
+        slots: Slots | None,
+        now: float,
+        *,
+        delivered: Callable[[str], float | None] = lambda worker_id: None,
+    ) -> list[Step]:
+        """This round's decisions (none while the target is unknown). `delivered`: the rate a
+        worker delivered on its leases, None while not measured (`Registry.throughput`)."""
         target = self.target()
         if self.scheduler is None or target is None:
             return []
@@ -98,7 +106,7 @@ class Fleet:
         views = [
             WorkerView(
                 worker_id=w.worker_id,
-                throughput=registry.windowed_throughput(w, now),
+                throughput=registry.throughput(w, now, delivered=delivered(w.worker_id)) or 0.0,
                 price=w.price_per_hour,
                 role=Role.STANDBY if w.standby else roles[w.status],
             )

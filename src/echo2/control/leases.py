@@ -7,11 +7,16 @@ ingestion counters. A lease's prompts go back to the queue when it expires, is r
 stale or its worker is lost. Ingestion is all-or-nothing: a batch with one bad record is refused
 whole with a reason (errors.py) and changes nothing but the refusal counter (and, when stale, the
 reissue queue). Does not know whether a worker is registered: the façade checks that first.
+
+How big a lease is and when it is due are pure functions of the worker's throughput
+(`lease_groups`, `lease_deadline`): a lease fits well inside the lease timeout on a worker as fast as
+its figure says, and a step's batch is split across the workers by their throughput.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +27,93 @@ from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
+
+
+LEASE_SAFETY = 0.5
+"""Share of the lease timeout a lease should take on a worker as fast as its throughput figure."""
+SPELLS = 8
+"""Spells of lease time a worker's delivered rate is measured over (`Delivery`)."""
+
+
+def lease_groups(
+    *,
+    throughput: float | None,
+    pool_throughput: float,
+    groups_per_step: int,
+    group_size: int,
+    lease_timeout: float,
+    cap: int,
+    safety: float = LEASE_SAFETY,
+) -> int:
+    """Groups in one lease for a worker of `throughput` trajectories/s.
+
+    The least of: the groups it generates in `safety * lease_timeout`; its share of a step's batch
+    of `groups_per_step` groups, in proportion to its throughput over the active pool's
+    `pool_throughput` (rounded up, so the shares cover the batch); and `cap`. At least one group:
+    one for a worker measured at zero (its leases expired undelivered). A worker with no figure at
+    all (None: it declared none and reported none) gets `cap`; its first lease measures it."""
+    assert cap >= 1 and group_size >= 1 and lease_timeout > 0
+    if throughput is None:
+        return cap
+    if throughput <= 0:
+        return 1
+    in_time = math.floor(safety * lease_timeout * throughput / group_size)
+    # relative slack: a pool summed in floating point must not round a whole share up to one more
+    share = math.ceil(groups_per_step * throughput / max(pool_throughput, throughput) * (1 - 1e-9))
+    return max(1, min(cap, in_time, share))
+
+
+def lease_deadline(
+    *,
+    groups: int,
+    throughput: float | None,
+    group_size: int,
+    lease_timeout: float,
+    safety: float = LEASE_SAFETY,
+) -> float:
+    """Seconds a lease of `groups` groups is held before it is reissued: the lease timeout, or, for a
+    worker so slow that even this lease takes over `safety * lease_timeout`, its expected time over
+    `safety` (a dead worker is caught sooner, by its missing heartbeats)."""
+    if throughput is None or throughput <= 0:
+        return lease_timeout
+    return max(lease_timeout, groups * group_size / throughput / safety)
+
+
+@dataclass(slots=True, kw_only=True)
+class Delivery:
+    """What one worker delivered: records accepted per second of lease time (the time it holds at
+    least one lease), over its last `SPELLS` spells of it. A spell ends when the worker holds no
+    lease any more. It counts when its leases were completed or expired; a lease given back
+    (returned, released, refused as stale, its worker lost) voids the spell, as time cut short
+    says nothing of the worker's rate."""
+
+    open: int = 0
+    since: float = 0.0
+    records: int = 0
+    void: bool = False
+    spells: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=SPELLS))
+
+    def opened(self, now: float) -> None:
+        if self.open == 0:
+            self.since, self.records, self.void = now, 0, False
+        self.open += 1
+
+    def accepted(self, n: int) -> None:
+        self.records += n
+
+    def closed(self, now: float | None) -> None:
+        """A lease closed at `now` (completed or expired); None: given back (voids the spell)."""
+        assert self.open > 0
+        self.open -= 1
+        self.void = self.void or now is None
+        if self.open == 0 and not self.void and now > self.since:
+            self.spells.append((self.records, now - self.since))
+
+    @property
+    def rate(self) -> float | None:
+        """Trajectories/s delivered, or None before a spell has counted."""
+        seconds = sum(s for _, s in self.spells)
+        return sum(n for n, _ in self.spells) / seconds if seconds > 0 else None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -64,18 +156,24 @@ class Leases:
         """Records refused at ingestion, by reason."""
         self.accepted = 0
         self.reissued = 0
+        """Prompts put back in the queue (expired, returned or stale leases, lost workers)."""
+        self.expired = 0
+        """Leases put back because they outlived their deadline (a healthy worker's never do)."""
         self.buffered: dict[str, int] = {}
         """Prompt index of every complete group in the buffer, until the learner takes it (or it is
         evicted as stale and its prompt goes back to the queue)."""
-        """Prompts put back in the queue (expired, returned or stale leases, lost workers)."""
+        self.delivery: dict[str, Delivery] = {}
+        """What each worker that held a lease delivered (forgotten with the worker)."""
 
     # ------------------------------------------------------------------ leases
     def admits(self, version: int) -> bool:
         """Records generated with `version` would be admitted now (-1: nothing installed yet)."""
         return version >= max(0, self.buffer.min_version())
 
-    def issue(self, lease_id: str, worker_id: str, *, max_groups: int, now: float) -> Lease:
-        """Reissued prompts first, then new ones."""
+    def issue(
+        self, lease_id: str, worker_id: str, *, max_groups: int, now: float, deadline_s: float | None = None
+    ) -> Lease:
+        """Reissued prompts first, then new ones; due in `deadline_s` (default: the lease timeout)."""
         assert lease_id not in self.leases, f"lease id {lease_id!r} issued twice"
         indices = []
         while len(indices) < max_groups and self.reissue:
@@ -88,10 +186,27 @@ class Leases:
             worker_id=worker_id,
             indices=tuple(indices),
             group_ids=frozenset(self.group_id_of(i) for i in indices),
-            deadline=now + self.lease_timeout,
+            deadline=now + (self.lease_timeout if deadline_s is None else deadline_s),
         )
         self.leases[lease_id] = lease
+        self.delivery.setdefault(worker_id, Delivery()).opened(now)
         return lease
+
+    def delivered(self, worker_id: str) -> float | None:
+        """Trajectories/s the worker delivered (`Delivery`), or None while not measured."""
+        d = self.delivery.get(worker_id)
+        return d.rate if d is not None else None
+
+    def forget(self, worker_id: str) -> None:
+        """The worker's registration is forgotten: so is what it delivered."""
+        self.delivery.pop(worker_id, None)
+
+    def _close(self, lease: Lease, now: float | None) -> None:
+        """Forget `lease`, closed at `now` (None: given back; see `Delivery`)."""
+        del self.leases[lease.lease_id]
+        d = self.delivery.get(lease.worker_id)
+        if d is not None:  # None: the worker was forgotten
+            d.closed(now)
 
     def give_back(self, worker_id: str, lease_id: str) -> None:
         """The worker returns its lease (a lease it does not hold: nothing happens)."""
@@ -99,9 +214,11 @@ class Leases:
         if lease is not None and lease.worker_id == worker_id:
             self.put_back(lease)
 
-    def put_back(self, lease: Lease) -> None:
-        """Close `lease`; its prompts whose groups are not complete go back to the queue."""
-        del self.leases[lease.lease_id]
+    def put_back(self, lease: Lease, *, expired_at: float | None = None) -> None:
+        """Close `lease`; its prompts whose groups are not complete go back to the queue. Only a
+        lease that expired (at `expired_at`) counts for its worker's delivered rate (`Delivery`)."""
+        self._close(lease, expired_at)
+        self.expired += expired_at is not None
         todo = [i for i in lease.indices if self.group_id_of(i) not in lease.done_groups]
         self.reissue.extend(todo)
         self.reissued += len(todo)
@@ -126,8 +243,10 @@ class Leases:
     def expire(self, now: float, lost: Callable[[str], bool]) -> None:
         """Put back leases past their deadline and those of lost workers."""
         for lease in list(self.leases.values()):
-            if now > lease.deadline or lost(lease.worker_id):
+            if lost(lease.worker_id):
                 self.put_back(lease)
+            elif now > lease.deadline:
+                self.put_back(lease, expired_at=now)
 
     def pending(self) -> list[int]:
         """Prompts not consumed yet: queued, handed out, or generated and still in the buffer (a
@@ -137,9 +256,16 @@ class Leases:
 
     # ------------------------------------------------------------------ ingestion
     def ingest(
-        self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int
+        self,
+        worker_id: str,
+        lease_id: str,
+        records: list[Trajectory],
+        *,
+        published_version: int,
+        now: float | None = None,
     ) -> dict[str, int]:
-        """Store a batch whole or not at all. A retried batch is acknowledged, stored once."""
+        """Store a batch whole or not at all. A retried batch is acknowledged, stored once. `now`
+        times the worker's delivered rate (None: a completed lease does not count for it)."""
         fresh = [r for r in records if not self.buffer.seen(r.record_id)]
         if not fresh:
             return {"accepted": 0, "duplicates": len(records)}
@@ -152,8 +278,10 @@ class Leases:
             if self.buffer.group_count(gid) == self.limits.group_size:
                 lease.done_groups.add(gid)
                 self.buffered[gid] = index_of[gid]
+        if (d := self.delivery.get(worker_id)) is not None:  # None: the worker was forgotten
+            d.accepted(stored)
         if lease.done_groups == lease.group_ids:
-            del self.leases[lease_id]
+            self._close(lease, now)
         self.accepted += stored
         return {"accepted": stored, "duplicates": len(records) - len(fresh)}
 
@@ -216,4 +344,5 @@ class Leases:
             "leases_open": len(self.leases),
             "reissue_queue": len(self.reissue),
             "reissued": self.reissued,
+            "leases_expired": self.expired,
         }

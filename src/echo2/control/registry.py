@@ -3,8 +3,9 @@
 Pure bookkeeping with the caller's clock and the caller's ids: no lock (the state façade in
 state.py holds one), no I/O, no id or key generation. Owns the workers' records, their heartbeat
 samples for the scheduler's sliding window and their expiry (silent past `heartbeat_timeout`:
-lost). Does not know leases, snapshots or providers: a lost worker's leases and a lost provided
-worker's process are the façade's to handle.
+lost), and which throughput figure the scheduler and the lease sizing believe (`throughput`). Does
+not know leases, snapshots or providers: a lost worker's leases, a lost provided worker's process
+and what a worker delivered on its leases (leases.py: `Delivery`) are the façade's to handle.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class WorkerInfo:
     """Where its relay server serves snapshot chunks to a child (None: never a parent)."""
     version: int = -1
     throughput: float = 0.0
+    """The worker's own figure: declared at registration (`echo2 worker --throughput`, an emulated
+    rate), then the last positive heartbeat report (its calibration, then its last lease's rate)."""
     status: WorkerStatus = WorkerStatus.ACTIVE
     standby: bool = False
     """Registered and healthy but given no leases (the scheduler's reserve)."""
@@ -160,6 +163,15 @@ class Registry:
         if not info.samples:
             return info.throughput
         return sum(mu for _, mu in info.samples) / len(info.samples)
+
+    def throughput(self, info: WorkerInfo, now: float, *, delivered: float | None) -> float | None:
+        """The figure the scheduler ranks and sizes leases by: what the coordinator measured the
+        worker deliver (`delivered`), once it has, so that a worker cannot talk its figure up; until
+        then the worker's own (`windowed_throughput`). None: no figure yet."""
+        if delivered is not None:
+            return delivered
+        mu = self.windowed_throughput(info, now)
+        return mu if mu > 0 else None
 
     def peers(self) -> dict[str, Peer]:
         """The live workers, as the broadcast bookkeeping knows them (shared: do not modify)."""

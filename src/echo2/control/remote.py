@@ -91,6 +91,7 @@ class RemoteRollout:
             referee=TaskReferee(task, tokenizer) if tokenizer is not None else None,
             max_leases_per_worker=ccfg.max_leases_per_worker,
             max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
+            groups_per_step=config.rollout.prompts_per_step,
             quarantine_after=ccfg.quarantine_after,
             purge_after=ccfg.purge_after,
             group_id_of=lambda i: task.train_prompt(i).group_id,

@@ -1,9 +1,13 @@
 """Online activation policy (paper 4.3 and C.2.1): keep pool throughput at gamma * mu_min, cheaply.
 
-Pure: the caller passes the workers it knows (windowed throughput, price, state) and the target;
+Pure: the caller passes the workers it knows (throughput, price, state) and the target;
 the scheduler returns decisions, each with its reason. Deviations must persist for `sustain_s`
 before anything changes, so throughput jitter around the target causes no flapping; a lost worker
-is replaced at once. Knows no sockets and no clock of its own (the caller passes `now`).
+is replaced at once. Standby workers are activated in increasing rho = price / throughput, as many
+as reach the target; one whose throughput is not known yet (0) comes after every known one, and is
+activated alone in its decision: what it adds is unknown until it has been measured, so an
+unmeasured reserve is never activated all at once. Knows no sockets and no clock of its own (the
+caller passes `now`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class Role(StrEnum):
 class WorkerView:
     worker_id: str
     throughput: float
-    """Trajectories/s over the scheduler's sliding window (or the declared rate for a newcomer)."""
+    """Trajectories/s the coordinator believes (control/registry.py: `Registry.throughput`): what the
+    worker delivered once measured, else its own figure (calibrated or declared); 0: not known yet
+    (or it delivered nothing)."""
     price: float
     role: Role
     kind: Kind = Kind.WORKER
@@ -93,15 +99,25 @@ class Scheduler:
                 for w in standby:
                     if capacity >= target:
                         break
+                    unknown = w.throughput <= 0
+                    if unknown and decisions:
+                        break  # an unmeasured worker is activated alone, in a decision of its own
                     capacity += w.throughput
                     decisions.append(
                         Decision(
                             action=Action.ACTIVATE,
                             worker_id=w.worker_id,
                             kind=w.kind,
-                            reason=f"{why}; lowest unit cost rho={w.rho:.3g}",
+                            reason=f"{why}; "
+                            + (
+                                "throughput not known yet: one at a time"
+                                if unknown
+                                else f"lowest unit cost rho={w.rho:.3g}"
+                            ),
                         )
                     )
+                    if unknown:
+                        break
                 self._below_since = None if capacity >= target else now
                 return decisions
             return []

@@ -46,7 +46,7 @@ from echo2.control.errors import (
 )
 from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.integrity import Integrity
-from echo2.control.leases import Lease, Leases, Limits
+from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
 from echo2.control.provider import Provider
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.scheduler import Action, Scheduler
@@ -96,6 +96,7 @@ class CoordinatorState:
         referee: Referee | None = None,
         max_leases_per_worker: int = 4,
         max_groups_per_lease: int = 1024,
+        groups_per_step: int | None = None,
         quarantine_after: int = 3,
         purge_after: float = 600.0,
         journal: Callable[[list[Trajectory], dict[str, int]], None] | None = None,
@@ -105,6 +106,12 @@ class CoordinatorState:
         """Checks each record against the task (the leased prompt, the reward); None: no check."""
         self.max_leases_per_worker = max_leases_per_worker
         self.max_groups_per_lease = max_groups_per_lease
+        """Cap on a lease's groups (`coordinator.groups_per_lease`, default a step's batch); below
+        it each lease is sized from its worker's throughput (leases.py: `lease_groups`)."""
+        self.groups_per_step = groups_per_step or max_groups_per_lease
+        """A step's batch in groups, split across the active workers by their throughput."""
+        self.pool_throughput = 0.0
+        """Trajectories/s of the active workers (not in standby), as of the last expiry round."""
         self.purge_after = purge_after
         """Seconds after which a lost worker's registration is forgotten."""
         self.integrity = Integrity(quarantine_after=quarantine_after)
@@ -233,7 +240,9 @@ class CoordinatorState:
                     self.bcast.forget(info.worker_id)
                 for worker_id in self.registry.purge(now, self.purge_after):
                     self.integrity.forget(worker_id)
+                    self.ingestion.forget(worker_id)
                 self.ingestion.expire(now, self.registry.is_lost)
+                self.pool_throughput = self._pool_throughput(now)
                 peers = self.registry.peers()
                 self.bcast.update_t_bcast(peers)  # the live set changed: a quantile may be reached now
                 self.bcast.evict(self.keep, peers)
@@ -244,11 +253,13 @@ class CoordinatorState:
                 return
             slots = Slots.read(self.provider) if self.provider is not None else None
             with self.lock:
-                steps = self.fleet.plan(self.registry, slots, now)
+                steps = self.fleet.plan(self.registry, slots, now, delivered=self.ingestion.delivered)
                 for step in steps:  # registered workers change at once; provider slots below
                     info = self.registry.workers.get(step.decision.worker_id)
                     if info is not None:
                         self._carry_out(step.decision.action, info)
+                if steps:
+                    self.pool_throughput = self._pool_throughput(now)
             done = []
             try:
                 for step in steps:
@@ -266,6 +277,18 @@ class CoordinatorState:
                 self.registry.release(info)
         info.standby = action is Action.RELEASE and info.status is WorkerStatus.ACTIVE
 
+    def throughput(self, info: WorkerInfo, now: float) -> float | None:
+        """Trajectories/s the coordinator believes of `info` (`Registry.throughput`): delivered on
+        its leases once measured, else its own figure; None: none yet. Called under the lock."""
+        return self.registry.throughput(info, now, delivered=self.ingestion.delivered(info.worker_id))
+
+    def _pool_throughput(self, now: float) -> float:
+        return sum(
+            self.throughput(w, now) or 0.0
+            for w in self.registry.workers.values()
+            if w.status is WorkerStatus.ACTIVE and not w.standby
+        )
+
     def _call(self, calls: list[Call]) -> None:
         """Provider calls, never under the lock (a local provider starts a process)."""
         assert not calls or self.provider is not None
@@ -275,7 +298,9 @@ class CoordinatorState:
     # ------------------------------------------------------------------ leases
     def lease(self, worker_id: str, *, version: int, max_groups: int) -> Lease | None:
         """Prompts to generate, or None: nothing published yet, or the worker's installed version is
-        already too old to be admitted (it should install the newest snapshot first)."""
+        already too old to be admitted (it should install the newest snapshot first). At most
+        `max_groups` and `max_groups_per_lease` groups, sized from the worker's throughput so that
+        the lease is done well inside its deadline (leases.py: `lease_groups`, `lease_deadline`)."""
         with self.lock:
             info = self._worker(worker_id)
             self._check_trusted(worker_id)
@@ -289,8 +314,25 @@ class CoordinatorState:
                 raise LeaseLimit(
                     f"worker already holds {held} open leases (at most {self.max_leases_per_worker})"
                 )
-            groups = min(max_groups, self.max_groups_per_lease)
-            return self.ingestion.issue(self.ids(), worker_id, max_groups=groups, now=self.clock())
+            now = self.clock()
+            mu = self.throughput(info, now)
+            groups = lease_groups(
+                throughput=mu,
+                pool_throughput=self.pool_throughput,
+                groups_per_step=self.groups_per_step,
+                group_size=self.ingestion.limits.group_size,
+                lease_timeout=self.ingestion.lease_timeout,
+                cap=min(max_groups, self.max_groups_per_lease),
+            )
+            deadline_s = lease_deadline(
+                groups=groups,
+                throughput=mu,
+                group_size=self.ingestion.limits.group_size,
+                lease_timeout=self.ingestion.lease_timeout,
+            )
+            return self.ingestion.issue(
+                self.ids(), worker_id, max_groups=groups, now=now, deadline_s=deadline_s
+            )
 
     def return_lease(self, worker_id: str, lease_id: str) -> None:
         with self.lock:
@@ -331,7 +373,7 @@ class CoordinatorState:
             lease = self.ingestion.leases.get(lease_id)
             try:
                 out = self.ingestion.ingest(
-                    worker_id, lease_id, records, published_version=self.published_version
+                    worker_id, lease_id, records, published_version=self.published_version, now=self.clock()
                 )
             except Refused as e:
                 self._strike(worker_id, e.reason)
@@ -516,6 +558,7 @@ class CoordinatorState:
             for row in rows:
                 if row["worker_id"] in self.integrity.quarantined:
                     row["state"] = "quarantined"
+                row["delivered"] = self.ingestion.delivered(row["worker_id"])
             return {
                 "learner_version": self.buffer.learner_version,
                 "published_version": self.published_version,

@@ -16,6 +16,13 @@ A registration reply from a new epoch (the learner restarted, e.g. resumed from 
 the worker forget every snapshot it holds or receives and, if it runs a version the new learner has
 not published, stop leasing until it installs one the learner has.
 
+Throughput: a worker declared with `throughput` (`echo2 worker --throughput X`; an emulated worker
+declares its rate) sends that figure in its registration; any other times a calibration generation
+of the run's shape once its model is loaded (`CALIBRATION_GROUPS` prompts of the task) and reports
+the rate in a heartbeat before its first lease, so that the scheduler ranks it and the coordinator
+sizes its leases from the start. The coordinator replaces either figure with what the worker
+delivers once it has measured it (control/leases.py: `Delivery`).
+
 Snapshots arrive in a task of their own (`BroadcastClient.follow`: verified chunks from the parent
 the coordinator names, relayed to this worker's child with `inbound`) while the worker keeps
 generating with the version it has; a complete, verified snapshot is installed between two
@@ -66,6 +73,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+CALIBRATION_GROUPS = 2
+"""Prompts (at most a step's) of the calibration generation, `group_size` samples each."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
@@ -83,6 +93,9 @@ class WorkerConfig:
     """Seconds of unreachable coordinator after which a call gives up (and the worker stops)."""
     emulate: float | None = None
     """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
+    throughput: float | None = None
+    """Trajectories/s this worker declares at registration; None: the `emulate` rate, else it times a
+    calibration generation once its model is loaded."""
     relay_host: str = "0.0.0.0"
     relay_port: int = 0
     relay_advertise: str | None = None
@@ -101,6 +114,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.emulate is not None and not self.emulate > 0:
             raise ValueError(f"emulate: must be > 0, got {self.emulate}")
+        if self.throughput is not None and not self.throughput > 0:
+            raise ValueError(f"throughput: must be > 0, got {self.throughput}")
 
 
 class RelayStartError(Exception):
@@ -128,7 +143,8 @@ class Worker:
         self.bcast: BroadcastClient | None = None
         self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
         self.lease_id: str | None = None
-        self.throughput = 0.0
+        self.throughput = config.throughput or config.emulate or 0.0
+        """Trajectories/s: declared, else calibrated once the model is loaded, then the last lease's."""
         self.run_config: Config | None = None
         self.engine = None
         self.task = None
@@ -164,6 +180,7 @@ class Worker:
         try:
             await self.prepare()
             self.engine_ready.set()
+            await self._report_throughput(stop)
             while not stop.is_set():
                 _surface(beat, bcast)
                 await self._as_member(stop, lambda: self.step(stop))
@@ -194,6 +211,13 @@ class Worker:
                 logger.debug("heartbeat failed: %r", e)
             await sleep_unless(stop, self.heartbeat_interval)
 
+    async def _report_throughput(self, stop: asyncio.Event) -> None:
+        """A heartbeat now, so the coordinator has the calibrated figure before the first lease."""
+        try:
+            await self._as_member(stop, self._heartbeat)
+        except (CoordinatorError, Unreachable) as e:  # the heartbeat task reports it again
+            logger.debug("throughput report failed: %r", e)
+
     async def _heartbeat(self) -> None:
         req = HeartbeatRequest(worker_id=self.worker_id, version=self.version, throughput=self.throughput)
         await self.coordinator.heartbeat(req)
@@ -205,7 +229,7 @@ class Worker:
             name=c.name,
             hardware=c.hardware,
             price_per_hour=c.price_per_hour,
-            throughput=c.emulate or 0.0,
+            throughput=self.throughput,  # declared; at a re-registration, the last measured
             inbound=c.inbound,
             relay_port=self.relay.port,
             relay_host=c.relay_advertise if self.relay.port is not None else None,
@@ -316,6 +340,29 @@ class Worker:
         if self.run_config is None:
             self.run_config = build_config(self.registration.run)
         await asyncio.to_thread(self._build)
+        if self.config.throughput is None and self.config.emulate is None:
+            self.throughput = await asyncio.to_thread(self._calibrate)
+
+    def _calibrate(self) -> float:
+        """Trajectories/s of one timed generation of the run's shape: the first `CALIBRATION_GROUPS`
+        training prompts, `group_size` samples each, scored as a lease's are; the records are
+        discarded. A first generation includes warm-up, so this errs low."""
+        from echo2.rollout.collect import collect
+
+        cfg = self.run_config
+        count = min(CALIBRATION_GROUPS, cfg.rollout.prompts_per_step)
+        prompts = [self.task.train_prompt(i) for i in range(count)]
+        installed = self.engine.version
+        self.engine.version = max(installed, 0)  # records carry a version; these are thrown away
+        started = time.monotonic()
+        try:
+            groups = collect(self.engine, self.task, prompts, n=cfg.rollout.group_size)
+        finally:
+            self.engine.version = installed
+        seconds = max(time.monotonic() - started, 1e-9)
+        made = sum(len(g) for g in groups)
+        logger.info("calibrated: %.3g trajectories/s (%d in %.2fs)", made / seconds, made, seconds)
+        return made / seconds
 
     def _build(self) -> None:
         from echo2.data.tasks import make_task
