@@ -157,22 +157,15 @@ def test_capacity_planning(user):
     assert "required throughput mu_min" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="configs/pool-example.toml's emulated workers (0.0125 and 0.03 trajectories/s) take 320 s "
-    "and 133 s for one group of 4, so 3 steps of the tiny run cannot finish in 120 s; their leases "
-    "are now one group with a deadline they meet (issue 14, item 3), but the example needs a pool "
-    "sized for the tiny run",
-)
 def test_the_scheduler_example_completes_its_steps(user):
     example = (
         "echo2 run configs/tiny.toml --scheduler.enabled=true --scheduler.provider=local "
-        "--scheduler.pool=configs/pool-example.toml --scheduler.emulate=true --scheduler.sustain_s=5"
+        "--scheduler.pool=configs/pool-emulated.toml --scheduler.emulate=true --scheduler.sustain_s=5"
     )
     in_readme(example)
     try:
-        out = sh([*ECHO2, *example.split()[1:], "--run.dir=runs/scheduler", "-q"], user, timeout=120)
+        out = sh([*ECHO2, *example.split()[1:], "--run.dir=runs/scheduler", "-q"], user, timeout=240)
     except subprocess.TimeoutExpired:
-        pytest.fail("the scheduler example did not finish in 120 s")
+        pytest.fail("the scheduler example did not finish in 240 s")
     assert "held-out accuracy" in out
     assert len((user / "runs/scheduler/metrics.jsonl").read_text().splitlines()) == 3
