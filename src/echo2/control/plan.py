@@ -63,6 +63,24 @@ class PlanInput(_Strict):
         return publish_every(self.kappa, self.staleness)
 
 
+STUDIED_STALENESS = 8
+"""The largest rollout lag the staleness study measured (docs/staleness.md: lag 0-8 on the
+quickstart task; the paper reports S = 11 unstable)."""
+
+
+def staleness_note(staleness: int) -> str:
+    """What the staleness study says of S (printed by `echo2 plan`)."""
+    if staleness <= STUDIED_STALENESS:
+        return (
+            f"S = {staleness} is inside the measured range (lag <= {STUDIED_STALENESS}: held-out accuracy within "
+            "the study's seed spread of lag 0; docs/staleness.md)"
+        )
+    return (
+        f"S = {staleness} is BEYOND the measured range (lag <= {STUDIED_STALENESS}, docs/staleness.md); "
+        "the paper reports S = 11 unstable"
+    )
+
+
 def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
     kappa = inp.resolved_kappa
     types = [
@@ -108,6 +126,7 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
         "greedy_cost_per_hour": inp.learner_price + heuristic.cost_per_hour,
         "bubble_ratio": bubble,
         "step_seconds": step_seconds,
+        "staleness_studied": inp.staleness <= STUDIED_STALENESS,
     }
 
 
@@ -137,5 +156,6 @@ def render(plan: dict[str, Any]) -> str:
         f"cost per learner step          ${plan['cost_per_step']:.3f}",
         f"kappa / staleness bound        {plan['kappa']} / {plan['staleness_bound'] or 'none'} "
         f"({'within' if plan['staleness_bound_within_s'] else 'EXCEEDS'} S = {plan['staleness']})",
+        f"staleness study                {staleness_note(plan['staleness'])}",
     ]
     return "\n".join(lines)
