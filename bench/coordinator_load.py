@@ -1,0 +1,443 @@
+"""Benchmark: the coordinator under load (issue 12), over HTTP on loopback.
+
+(a) **Heartbeats.** 1,000 workers register (each with a relay port, so every one is a possible
+    parent in the chain plans) with 64 published versions kept; every worker heartbeats its
+    installed version once, so the broadcast bookkeeping holds all of them. Then, for the measured
+    window, every worker heartbeats every `--interval` seconds (the default of
+    `coordinator.heartbeat_interval`), phases spread uniformly, while the learner publishes a new
+    version every `--publish-every` seconds (keeping 64): a worker sees each new version on its
+    long poll and, after a simulated transfer of 0.5-5 s, heartbeats the new version from then on.
+    So each publication brings 1,000 heartbeats that note a new version (the path that once ran
+    `BroadcastState.update_t_bcast` over all kept versions on every heartbeat) among the ones that
+    repeat a known version. Reported: the latency of each heartbeat as the client sees it (p50, p95,
+    p99, max), errors, and how many live workers the coordinator marked lost.
+(b) **Ingestion with validation and re-scoring.** The coordinator as a learner serves it for the
+    arithmetic task with SmolLM2's tokenizer: validation at the door (control/validate.py) and the
+    learner's `TaskReferee` (learning/verify.py), which checks each record's prompt ids against the
+    leased prompt (chat template and all) and re-scores its response with the task's reward. C
+    concurrent clients in a second process register, lease G groups (1, as bench/ingest.py, and 4,
+    the quickstart's lease: `coordinator.groups_per_lease` defaults to `rollout.prompts_per_step`)
+    and push their 8 records each (31 prompt and 16 response tokens, half of them right, with the
+    metadata workers send), repeatedly;
+    the learner side drains complete groups. Honest records for the first prompts are built before
+    the clients start, so the clients spend their time on HTTP, not on tokenizing. Reported:
+    accepted records/s over the window, median of R repeats, with the referee and without it (as
+    bench/ingest.py measures), and the records per second of the server process's own CPU time
+    (what one core given to the coordinator alone would sustain, the clients being remote).
+
+Both halves run the server in this process and the clients in a spawned one, on whatever cores
+the process may use (`taskset -c 0 python bench/coordinator_load.py` puts both on one core).
+
+    python bench/coordinator_load.py --json docs/bench/coordinator_load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import threading
+import time
+import uuid
+
+from common import write_json
+
+from echo2.control.broadcast import BroadcastPolicy
+from echo2.control.coordinator import Coordinator
+from echo2.control.state import CoordinatorState, Limits
+from echo2.control.validate import reward_range
+from echo2.data.buffer import ReplayBuffer
+
+TOKEN = "bench"
+GROUP = 8
+RESPONSE_TOKENS = 16
+
+
+# ---------------------------------------------------------------------------- (a) heartbeats
+def heartbeat_clients(url: str, args: dict, ready: mp.Queue, out: mp.Queue) -> None:
+    import aiohttp
+
+    n, interval, seconds = args["workers"], args["interval"], args["seconds"]
+    run = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rng = random.Random(0)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
+            gate = asyncio.Semaphore(32)
+
+            async def register(i: int) -> tuple[str, dict]:
+                body = {"name": f"w{i}", "inbound": True, "relay_port": 20000 + i}
+                async with gate, s.post(f"{url}/v1/register", json=body, headers=run) as r:
+                    reply = await r.json()
+                return reply["worker_id"], {"Authorization": f"Bearer {reply['credential']}"}
+
+            workers = await asyncio.gather(*(register(i) for i in range(n)))
+            installed = [args["versions"] - 1] * n  # every worker runs the newest version
+            pending: list[tuple[float, int] | None] = [None] * n
+
+            async def beat(k: int) -> tuple[int, float]:
+                wid, mine = workers[k]
+                if pending[k] is not None and loop.time() >= pending[k][0]:
+                    installed[k], pending[k] = pending[k][1], None
+                body = {"worker_id": wid, "version": installed[k], "throughput": 1.0}
+                t0 = time.perf_counter()
+                async with s.post(f"{url}/v1/heartbeat", json=body, headers=mine) as r:
+                    await r.read()
+                    return r.status, time.perf_counter() - t0
+
+            async def once(k: int) -> None:
+                async with gate:
+                    await beat(k)
+
+            await asyncio.gather(*(once(k) for k in range(n)))  # the bookkeeping now holds every worker
+            ready.put("ready")
+            start, cpu = loop.time(), time.process_time()
+            measure_from, stop_at = start + interval, start + interval + seconds
+            latencies: list[float] = []
+            errors: dict[int, int] = {}
+            seen = args["versions"] - 1
+            published_at: list[float] = []
+
+            async def poll() -> None:  # the broadcast client's long poll, one for the whole fleet
+                nonlocal seen
+                while loop.time() < stop_at:
+                    try:
+                        async with s.get(
+                            f"{url}/v1/published", params={"after": str(seen), "wait": "5"}, headers=run
+                        ) as r:
+                            version = (await r.json())["version"]
+                    except (aiohttp.ClientError, TimeoutError):
+                        continue
+                    if version > seen:
+                        seen = version
+                        published_at.append(loop.time())
+                        for k in range(n):  # each worker installs it after its own transfer
+                            pending[k] = (loop.time() + rng.uniform(0.5, 5.0), version)
+
+            async def worker(k: int, phase: float) -> None:
+                await asyncio.sleep(phase)
+                due = loop.time()
+                while due < stop_at:
+                    status, took = await beat(k)
+                    if due >= measure_from:
+                        latencies.append(took)
+                        if status != 200:
+                            errors[status] = errors.get(status, 0) + 1
+                    due += interval
+                    await asyncio.sleep(max(0.0, due - loop.time()))
+
+            poller = asyncio.create_task(poll())
+            await asyncio.gather(*(worker(k, rng.uniform(0, interval)) for k in range(n)))
+            poller.cancel()
+        out.put(
+            {
+                "latencies": latencies,
+                "errors": errors,
+                "published": len(published_at),
+                "client_cpu_s": time.process_time() - cpu,
+                "wall_s": loop.time() - start,
+            }
+        )
+
+    asyncio.run(main())
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def heartbeats_once(args: argparse.Namespace) -> dict:
+    state = CoordinatorState(
+        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+        limits=Limits(vocab_size=50_000, max_prompt_tokens=256, max_new_tokens=32, group_size=GROUP),
+        group_id_of=lambda i: f"g{i}",
+        lease_timeout=300.0,
+        heartbeat_timeout=args.heartbeat_timeout,
+        broadcast=BroadcastPolicy(mode="chain", chunk_size=4096, uplink_budget_bps=100e6 / 8),
+    )
+    for v in range(args.versions):  # 64 kept versions, as with a long run at staleness 63
+        state.publish(v, os.urandom(16 * 1024), keep=args.versions)
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=args.interval)
+    url = server.start()
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    knobs = {
+        "workers": args.workers,
+        "interval": args.interval,
+        "seconds": args.seconds,
+        "versions": args.versions,
+    }
+    proc = ctx.Process(target=heartbeat_clients, args=(url, knobs, ready, out))
+    proc.start()
+    ready.get(timeout=600)
+    cpu = time.process_time()
+    assert len(state.workers) == args.workers and state.t_bcast_all.get(args.versions - 1) is not None
+    stop = threading.Event()
+
+    def learner() -> None:  # publishes a new version every `publish_every` seconds, keeps 64
+        version = args.versions
+        while not stop.wait(args.publish_every):
+            state.publish(version, os.urandom(16 * 1024), keep=args.versions)
+            version += 1
+
+    publisher = threading.Thread(target=learner, daemon=True)
+    publisher.start()
+    result = out.get(timeout=args.seconds + 600)
+    server_cpu = time.process_time() - cpu
+    proc.join(timeout=60)
+    stop.set()
+    publisher.join(timeout=10)
+    lost = sum(1 for w in state.workers.values() if w.status.value != "active")
+    kept = len(state.snapshots)
+    server.stop()
+    lat = result["latencies"]
+    return {
+        "heartbeats": len(lat),
+        "heartbeats_per_s": len(lat) / args.seconds,
+        "p50_ms": pct(lat, 0.50) * 1e3,
+        "p95_ms": pct(lat, 0.95) * 1e3,
+        "p99_ms": pct(lat, 0.99) * 1e3,
+        "max_ms": max(lat) * 1e3,
+        "errors": result["errors"],
+        "versions_published_in_window": result["published"],
+        "versions_kept_at_end": kept,
+        "workers_marked_lost": lost,
+        "server_cpu_s": server_cpu,
+        "client_cpu_s": result["client_cpu_s"],
+        "wall_s": result["wall_s"],
+        "server_cpu_us_per_heartbeat": server_cpu / len(lat) * 1e6,
+    }
+
+
+# ---------------------------------------------------------------------------- (b) ingestion
+def honest_groups(count: int) -> tuple[list[dict], int]:
+    """Wire records of one group for each of the first `count` training prompts (4 right answers,
+    4 wrong, as a worker would score them), and the tokenizer's vocabulary size."""
+    from echo2.config import ArithmeticTaskConfig, TinyModelConfig
+    from echo2.data.tasks.arithmetic import ArithmeticTask
+    from echo2.models import load_tokenizer
+    from echo2.rollout.engine import encode_prompt
+
+    tok = load_tokenizer(TinyModelConfig())  # SmolLM2-135M's tokenizer, as in the quickstart
+    task = ArithmeticTask(ArithmeticTaskConfig(), seed=0)
+    groups = []
+    for index in range(count):
+        prompt = task.train_prompt(index)
+        samples = []
+        for answer in (prompt.answer, str(int(prompt.answer) + 1)):
+            ids = tok(
+                f"Working it out carefully, the result is Answer: {answer}", add_special_tokens=False
+            ).input_ids
+            ids = ids[:RESPONSE_TOKENS]
+            score = task.score(prompt, tok.decode(ids, skip_special_tokens=True))
+            samples.append(
+                {
+                    "group_id": prompt.group_id,
+                    "prompt_ids": encode_prompt(tok, prompt),
+                    "response_ids": ids,
+                    "behaviour_logprobs": [-0.5] * len(ids),
+                    "loss_mask": list(task.loss_mask(tuple(ids))),
+                    "reward": score.reward,
+                    "version": 0,
+                    "metadata": {"correct": score.correct, "parsed": score.parsed, "answer": prompt.answer},
+                }
+            )
+        groups.append({"index": index, "samples": samples})
+    return groups, len(tok)
+
+
+def ingest_clients(
+    url: str, groups: list[dict], num: int, seconds: float, per_lease: int, out: mp.Queue
+) -> None:
+    import aiohttp
+
+    records_of = {g["index"]: g["samples"] for g in groups}
+
+    async def one(session: aiohttp.ClientSession, stop_at: float) -> tuple[int, dict]:
+        async with session.post(f"{url}/v1/register", json={"name": "bench"}) as r:
+            reply = await r.json()
+        wid, mine = reply["worker_id"], {"Authorization": f"Bearer {reply['credential']}"}
+        pushed, refused, leased = 0, {}, []
+        while time.monotonic() < stop_at:
+            async with session.post(
+                f"{url}/v1/lease",
+                json={"worker_id": wid, "version": 0, "max_groups": per_lease},
+                headers=mine,
+            ) as r:
+                if r.status != 200:
+                    await asyncio.sleep(0.01)
+                    continue
+                lease = await r.json()
+            leased.append(len(lease["indices"]))
+            if any(i not in records_of for i in lease["indices"]):  # past the records built beforehand
+                break
+            records = [
+                {**records_of[i][k % 2], "record_id": uuid.uuid4().hex}
+                for i in lease["indices"]
+                for k in range(GROUP)
+            ]
+            body = {"worker_id": wid, "lease_id": lease["lease_id"], "records": records}
+            async with session.post(f"{url}/v1/trajectories", json=body, headers=mine) as r:
+                reply = await r.json()
+                if r.status != 200:
+                    refused[reply["error"]] = refused.get(reply["error"], 0) + 1
+                elif time.monotonic() <= stop_at:  # count only inside the window
+                    pushed += reply["accepted"]
+        return pushed, refused, leased
+
+    async def main() -> None:
+        cpu = time.process_time()
+        stop_at = time.monotonic() + seconds
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        sessions = [
+            aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=60))
+            for _ in range(num)
+        ]
+        try:
+            results = await asyncio.gather(*(one(s, stop_at) for s in sessions))
+        finally:
+            for s in sessions:
+                await s.close()
+        refused: dict[str, int] = {}
+        for _, r, _ in results:
+            for k, v in r.items():
+                refused[k] = refused.get(k, 0) + v
+        leased = [n for _, _, sizes in results for n in sizes]
+        out.put(
+            {
+                "accepted": sum(p for p, _, _ in results),
+                "refused": refused,
+                "mean_groups_per_lease": sum(leased) / max(1, len(leased)),
+                "client_cpu_s": time.process_time() - cpu,
+            }
+        )
+
+    asyncio.run(main())
+
+
+def ingest_once(groups: list[dict], vocab_size: int, args: argparse.Namespace, *, referee: bool) -> dict:
+    from echo2.config import ArithmeticTaskConfig, TinyModelConfig
+    from echo2.data.tasks.arithmetic import ArithmeticTask
+    from echo2.learning.verify import TaskReferee
+    from echo2.models import load_tokenizer
+
+    task = ArithmeticTask(ArithmeticTaskConfig(), seed=0)
+    state = CoordinatorState(
+        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+        limits=Limits(
+            vocab_size=vocab_size,
+            max_prompt_tokens=256,
+            max_new_tokens=RESPONSE_TOKENS,
+            group_size=GROUP,
+            reward_range=reward_range(task),
+        ),
+        group_id_of=lambda i: task.train_prompt(i).group_id,
+        lease_timeout=300.0,
+        heartbeat_timeout=60.0,
+        referee=TaskReferee(task, load_tokenizer(TinyModelConfig())) if referee else None,
+        max_groups_per_lease=args.groups_per_lease,
+        groups_per_step=args.clients * args.groups_per_lease,  # every client's share is a full lease
+    )
+    state.publish(0, b"v0", keep=2)
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
+    url = server.start()
+    stop = threading.Event()
+
+    def drain() -> None:  # the learner's side: take complete groups as they arrive
+        while not stop.is_set():
+            state.take_groups(1, timeout=0.1)
+
+    drainer = threading.Thread(target=drain, daemon=True)
+    drainer.start()
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    proc = ctx.Process(
+        target=ingest_clients,
+        args=(url, groups, args.clients, args.ingest_seconds, args.groups_per_lease, out),
+    )
+    proc.start()
+    cpu, accepted = time.process_time(), state.accepted
+    result = out.get(timeout=args.ingest_seconds + 600)
+    server_cpu, stored = time.process_time() - cpu, state.accepted - accepted
+    proc.join(timeout=30)
+    stop.set()
+    drainer.join(timeout=5)
+    server.stop()
+    assert state.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
+    assert not result["refused"], f"honest pushes were refused: {result['refused']}"
+    rejected = dict(state.rejected)
+    return {
+        "accepted": result["accepted"],
+        "records_per_s": result["accepted"] / args.ingest_seconds,
+        "refused": rejected,
+        "groups_used": state.next_index,
+        "mean_groups_per_lease": result["mean_groups_per_lease"],
+        "server_cpu_s": server_cpu,
+        "client_cpu_s": result["client_cpu_s"],
+        "server_cpu_us_per_record": server_cpu / stored * 1e6,
+        "records_per_server_cpu_s": stored / server_cpu,
+    }
+
+
+# ---------------------------------------------------------------------------- main
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=1000)
+    p.add_argument("--versions", type=int, default=64, help="published versions kept")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between a worker's heartbeats")
+    p.add_argument("--heartbeat-timeout", type=float, default=15.0)
+    p.add_argument("--publish-every", type=float, default=10.0)
+    p.add_argument("--seconds", type=float, default=30.0, help="heartbeat measurement window")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--ingest-seconds", type=float, default=10.0)
+    p.add_argument("--groups", type=int, default=12_000, help="honest groups built before ingestion")
+    p.add_argument(
+        "--groups-per-lease",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="groups a client leases and pushes at once (8 records each); one ingestion run per value",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip", choices=["heartbeats", "ingest", "baseline"], action="append", default=[])
+    p.add_argument("--json")
+    args = p.parse_args()
+    result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+    if "heartbeats" not in args.skip:
+        runs = [heartbeats_once(args) for _ in range(args.repeats)]
+        result["heartbeats"] = {
+            "runs": runs,
+            **{f"median_{k}": statistics.median(r[k] for r in runs) for k in ("p50_ms", "p95_ms", "p99_ms")},
+        }
+        print(json.dumps(result["heartbeats"], indent=2))
+    if "ingest" not in args.skip:
+        t0 = time.perf_counter()
+        groups, vocab_size = honest_groups(args.groups)
+        result["ingest_records_built_s"] = time.perf_counter() - t0
+        modes = [("referee", True)] + ([] if "baseline" in args.skip else [("no_referee", False)])
+        for per_lease in args.groups_per_lease:
+            for name, on in modes:
+                knobs = argparse.Namespace(**{**vars(args), "groups_per_lease": per_lease})
+                runs = [ingest_once(groups, vocab_size, knobs, referee=on) for _ in range(args.repeats)]
+                key = f"ingest_{name}_{per_lease}_groups_per_lease"
+                result[key] = {
+                    "runs": runs,
+                    "median_records_per_s": statistics.median(r["records_per_s"] for r in runs),
+                    "median_records_per_server_cpu_s": statistics.median(
+                        r["records_per_server_cpu_s"] for r in runs
+                    ),
+                }
+                print(key, json.dumps({k: v for k, v in result[key].items() if k != "runs"}))
+    result["loadavg_end"] = os.getloadavg()
+    write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
