@@ -436,7 +436,7 @@ def test_a_state_subclass_wraps_route_and_report_installed():
         wid = register(server)
         state.publish(0, b"v0", keep=2)
         status, route = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 0})
-        assert status == 200 and route == {"version": 0, "parent_id": None, "url": None}
+        assert status == 200 and route == {"version": 0, "parent_id": None, "url": None, "min_rate_bps": None}
         status, got = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 5})
         assert (status, got["error"]) == (404, "no_snapshot")
         body = {"worker_id": wid, "version": 0, "sha256": hashlib.sha256(b"v0").hexdigest(), "transfers": []}
