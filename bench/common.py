@@ -51,3 +51,22 @@ def trl_grpo_config(
         disable_tqdm=True,
         **overrides,
     )
+
+
+async def run_clients(num: int, one, stop_at: float, token: str, timeout_s: float) -> list:
+    """`num` concurrent aiohttp sessions (bearer `token`), each driving `one(session, stop_at)`;
+    the list of their results. Used by the HTTP load benches (ingest, coordinator_load)."""
+    import asyncio
+
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"}
+    sessions = [
+        aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s))
+        for _ in range(num)
+    ]
+    try:
+        return list(await asyncio.gather(*(one(s, stop_at) for s in sessions)))
+    finally:
+        for s in sessions:
+            await s.close()

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 
-from common import write_json
+from common import run_clients, write_json
 
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
@@ -295,16 +295,7 @@ def ingest_clients(
     async def main() -> None:
         cpu = time.process_time()
         stop_at = time.monotonic() + seconds
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        sessions = [
-            aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=60))
-            for _ in range(num)
-        ]
-        try:
-            results = await asyncio.gather(*(one(s, stop_at) for s in sessions))
-        finally:
-            for s in sessions:
-                await s.close()
+        results = await run_clients(num, one, stop_at, TOKEN, timeout_s=60)
         refused: dict[str, int] = {}
         for _, r, _ in results:
             for k, v in r.items():

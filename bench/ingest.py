@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 
-from common import write_json
+from common import run_clients, write_json
 
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState, Limits
@@ -68,16 +68,7 @@ def clients(url: str, num: int, seconds: float, out: mp.Queue) -> None:
 
     async def main() -> None:
         stop_at = time.monotonic() + seconds
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        sessions = [
-            aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30))
-            for _ in range(num)
-        ]
-        try:
-            counts = await asyncio.gather(*(one(s, stop_at) for s in sessions))
-        finally:
-            for s in sessions:
-                await s.close()
+        counts = await run_clients(num, one, stop_at, TOKEN, timeout_s=30)
         out.put(sum(counts))
 
     asyncio.run(main())

@@ -38,3 +38,17 @@ def make_state(
     if clock is not None:
         kwargs["clock"] = clock
     return cls(**(kwargs | extra))
+
+
+def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:
+    """The learner loop over workers (`SourceSpec(remote=True)`), `on_ready(source)` called once the
+    coordinator listens (it starts `fleet`); the fleet is stopped however the run ends."""
+    from echo2.learning.loop import run
+    from echo2.learning.source import SourceSpec
+
+    try:
+        return run(
+            config, run_dir=run_dir, progress=False, source_spec=SourceSpec(remote=True, on_ready=on_ready)
+        )
+    finally:
+        fleet.stop()

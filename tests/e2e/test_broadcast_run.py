@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import TINY
+from support import TINY, run_with_fleet
 
 from echo2.config import load_config
-from echo2.learning.loop import run
-from echo2.learning.source import SourceSpec
 from echo2.metrics import read_metrics
 from echo2.rollout.local_fleet import LocalFleet
 
@@ -50,15 +48,7 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
         while len(source.state.bcast.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    try:
-        summary = run(
-            config,
-            run_dir=tmp_path / "run",
-            progress=False,
-            source_spec=SourceSpec(remote=True, on_ready=on_ready),
-        )
-    finally:
-        fleet.stop()
+    summary = run_with_fleet(config, tmp_path / "run", fleet, on_ready)
     assert summary["steps"] == 4 and summary["broadcast_mode"] == mode
     assert summary["t_bcast"] is not None and summary["t_bcast_all"] is not None
     assert any("bcast/t_q90" in row for row in read_metrics(tmp_path / "run" / "metrics.jsonl"))

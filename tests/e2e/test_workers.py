@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support import TINY
+from support import TINY, run_with_fleet
 
 from echo2.cli import main
 from echo2.config import load_config
@@ -193,15 +193,7 @@ def test_a_slow_emulated_pool_completes_its_steps_without_a_reissued_lease(tmp_p
 
         source.before_close.append(at_the_end)
 
-    try:
-        summary = run(
-            config,
-            run_dir=tmp_path / "run",
-            progress=False,
-            source_spec=SourceSpec(remote=True, on_ready=on_ready),
-        )
-    finally:
-        fleet.stop()
+    summary = run_with_fleet(config, tmp_path / "run", fleet, on_ready)
     assert summary["steps"] == 3
     assert seen["reissued"] == 0 and seen["expired"] == 0, seen
     assert seen["rejected"] == {}, "no push was dropped"
@@ -236,15 +228,7 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
 
         threading.Thread(target=outage, daemon=True).start()
 
-    try:
-        summary = run(
-            config,
-            run_dir=tmp_path / "run",
-            progress=False,
-            source_spec=SourceSpec(remote=True, on_ready=on_ready),
-        )
-    finally:
-        fleet.stop()
+    summary = run_with_fleet(config, tmp_path / "run", fleet, on_ready)
     assert seen.get("restarted") and summary["steps"] == 30
     assert seen["accepted_during"] == seen["accepted_before"], "nothing arrives while the server is down"
     st = seen["source"].state

@@ -43,7 +43,7 @@ class RegisterRequest(_Wire):
     """Port of the worker's relay server; without it the worker is never anyone's parent."""
     relay_host: str | None = Field(None, min_length=1, max_length=255, pattern=HOST_PATTERN)
     """Host peers reach the relay at; default: the address the registration came from."""
-    throughput: float = Field(0.0, ge=0, allow_inf_nan=False)
+    throughput: float = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
 
 
