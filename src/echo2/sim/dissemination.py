@@ -309,6 +309,11 @@ class Dissemination:
             tr.reattach(w.id, self.world.env.now)
         self._after_change()
 
+    def feeds_someone(self, w: SimWorker) -> bool:
+        """`w` is still the sender of a receiver in the broadcast in flight."""
+        tr = self._transfer
+        return tr is not None and self.broadcasting() and bool(tr.children(w.id))
+
     def link_changed(self) -> None:
         """A worker's upload rate changed: reschedule the transfer in flight from now."""
         if self.broadcasting():

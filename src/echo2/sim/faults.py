@@ -3,8 +3,10 @@ at a fixed time or some seconds after the n-th publication.
 
 A fault names a worker, or a role resolved at fault time from the broadcast plan ("forwarder": the
 seed of a chain with a child; "tail": the tail of the longest chain). A dropped worker stops at
-once; the coordinator notices only after the heartbeat timeout, then marks it lost, scores it down
-and rebuilds its chain.
+once. A relay's chain child notices first, as the runtime client does: it reads nothing for
+`broadcast.progress_timeout_s`, reports its parent failed, and the coordinator excises the parent
+and routes the child to the parent's own parent (control/broadcast.py `failure`). The coordinator
+marks the worker lost, for the scheduler, only after the heartbeat timeout.
 
 Owns the fault records and the detection delay. Knows nothing of how chains are scheduled, rounds
 generated or workers billed: it changes a worker's state and tells dissemination, rollout and the
@@ -78,6 +80,7 @@ class FaultInjector:
             self.rollout.poke(w)
             self.rollout.note_generating(w, False)
             self.dissemination.leave(w, detected=False)
+            env.process(self._child_reports(w))
             env.process(self._detect(w))
         else:
             self._slow(w, spec.stage, spec.factor)
@@ -94,6 +97,15 @@ class FaultInjector:
             w.factors.append((self.world.env.now, w.rollout_factor))
             if w.busy:
                 self.rollout.poke(w)
+
+    def _child_reports(self, w: SimWorker):
+        """A dropped relay's child reads nothing for the progress timeout (the socket read timeout
+        of broadcast/client.py), reports its parent failed, and is routed around it."""
+        sc = self.world.sc
+        yield self.world.env.timeout(min(sc.broadcast.progress_timeout_s, sc.scheduler.heartbeat_timeout_s))
+        if not w.lost and self.dissemination.feeds_someone(w):
+            w.stats.record_failure(self.world.env.now)
+            self.dissemination.leave(w, detected=True)
 
     def _detect(self, w: SimWorker):
         """After the heartbeat timeout the coordinator marks the worker lost and rebuilds its chain."""
