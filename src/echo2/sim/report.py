@@ -282,7 +282,11 @@ def render(m: dict[str, Any]) -> str:
                     ""
                     if f["recovered_for_good_s"] == f["recovery_s"]
                     else " (back for good after "
-                    + ("the run" if f["recovered_for_good_s"] is None else f"{f['recovered_for_good_s']:.0f} s")
+                    + (
+                        "the run"
+                        if f["recovered_for_good_s"] is None
+                        else f"{f['recovered_for_good_s']:.0f} s"
+                    )
                     + ")"
                 )
             )
