@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 from hostile import Door, HostileWorker, open_door
 
+from echo2.control import coordinator
+
 
 @pytest.fixture
 def door():
@@ -14,3 +16,12 @@ def door():
 @pytest.fixture
 def mallory(door: Door) -> HostileWorker:
     return HostileWorker(door.url)
+
+
+@pytest.fixture
+def fdoor(monkeypatch: pytest.MonkeyPatch):
+    """A door that quarantines no one, whose long polls last 50 ms at most."""
+    monkeypatch.setattr(coordinator, "LONG_POLL_MAX", 0.05)
+    d = open_door(quarantine_after=10**9)
+    yield d
+    d.close()
