@@ -22,8 +22,10 @@
     the learner side drains complete groups. Honest records for the first prompts are built before
     the clients start, so the clients spend their time on HTTP, not on tokenizing. Reported:
     accepted records/s over the window, median of R repeats, with the referee and without it (as
-    bench/ingest.py measures), and the records per second of the server process's own CPU time
-    (what one core given to the coordinator alone would sustain, the clients being remote).
+    bench/ingest.py measures), and with the referee and the accepted-records journal
+    (control/journal.py, in a temporary directory: what a learner with a run directory does), and the
+    records per second of the server process's own CPU time (what one core given to the coordinator
+    alone would sustain, the clients being remote).
 
 Both halves run the server in this process and the clients in a spawned one, on whatever cores
 the process may use (`taskset -c 0 python bench/coordinator_load.py` puts both on one core).
@@ -264,7 +266,7 @@ def ingest_clients(
         async with session.post(f"{url}/v1/register", json={"name": "bench"}) as r:
             reply = await r.json()
         wid, mine = reply["worker_id"], {"Authorization": f"Bearer {reply['credential']}"}
-        pushed, refused, leased = 0, {}, []
+        pushed, refused, leased, out_of_records = 0, {}, [], False
         while time.monotonic() < stop_at:
             async with session.post(
                 f"{url}/v1/lease",
@@ -277,6 +279,7 @@ def ingest_clients(
                 lease = await r.json()
             leased.append(len(lease["indices"]))
             if any(i not in records_of for i in lease["indices"]):  # past the records built beforehand
+                out_of_records = True
                 break
             records = [
                 {**records_of[i][k % 2], "record_id": uuid.uuid4().hex}
@@ -290,20 +293,21 @@ def ingest_clients(
                     refused[reply["error"]] = refused.get(reply["error"], 0) + 1
                 elif time.monotonic() <= stop_at:  # count only inside the window
                     pushed += reply["accepted"]
-        return pushed, refused, leased
+        return pushed, refused, leased, out_of_records
 
     async def main() -> None:
         cpu = time.process_time()
         stop_at = time.monotonic() + seconds
         results = await run_clients(num, one, stop_at, TOKEN, timeout_s=60)
         refused: dict[str, int] = {}
-        for _, r, _ in results:
+        for _, r, _, _ in results:
             for k, v in r.items():
                 refused[k] = refused.get(k, 0) + v
-        leased = [n for _, _, sizes in results for n in sizes]
+        leased = [n for _, _, sizes, _ in results for n in sizes]
         out.put(
             {
-                "accepted": sum(p for p, _, _ in results),
+                "accepted": sum(p for p, _, _, _ in results),
+                "clients_out_of_records": sum(o for _, _, _, o in results),
                 "refused": refused,
                 "mean_groups_per_lease": sum(leased) / max(1, len(leased)),
                 "client_cpu_s": time.process_time() - cpu,
@@ -313,8 +317,14 @@ def ingest_clients(
     asyncio.run(main())
 
 
-def ingest_once(groups: list[dict], vocab_size: int, args: argparse.Namespace, *, referee: bool) -> dict:
+def ingest_once(
+    groups: list[dict], vocab_size: int, args: argparse.Namespace, *, referee: bool, journal: bool = False
+) -> dict:
+    import tempfile
+    from pathlib import Path
+
     from echo2.config import ArithmeticTaskConfig, TinyModelConfig
+    from echo2.control.journal import NAME, Journal
     from echo2.data.tasks.arithmetic import ArithmeticTask
     from echo2.learning.verify import TaskReferee
     from echo2.models import load_tokenizer
@@ -336,6 +346,9 @@ def ingest_once(groups: list[dict], vocab_size: int, args: argparse.Namespace, *
         max_groups_per_lease=args.groups_per_lease,
         groups_per_step=args.clients * args.groups_per_lease,  # every client's share is a full lease
     )
+    scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-")
+    log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if journal else None
+    state.journal = log.accepted if log is not None else None  # as control/remote.py wires it
     state.publish(0, b"v0", keep=2)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
     url = server.start()
@@ -361,8 +374,13 @@ def ingest_once(groups: list[dict], vocab_size: int, args: argparse.Namespace, *
     stop.set()
     drainer.join(timeout=5)
     server.stop()
+    journal_bytes = (Path(scratch.name) / NAME).stat().st_size if log is not None else 0
+    if log is not None:
+        log.close()
+    scratch.cleanup()
     assert state.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
     assert not result["refused"], f"honest pushes were refused: {result['refused']}"
+    assert not result["clients_out_of_records"], "clients ran past the records built: raise --groups"
     rejected = dict(state.rejected)
     return {
         "accepted": result["accepted"],
@@ -374,6 +392,7 @@ def ingest_once(groups: list[dict], vocab_size: int, args: argparse.Namespace, *
         "client_cpu_s": result["client_cpu_s"],
         "server_cpu_us_per_record": server_cpu / stored * 1e6,
         "records_per_server_cpu_s": stored / server_cpu,
+        "journal_bytes": journal_bytes,
     }
 
 
@@ -388,7 +407,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="heartbeat measurement window")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--ingest-seconds", type=float, default=10.0)
-    p.add_argument("--groups", type=int, default=12_000, help="honest groups built before ingestion")
+    p.add_argument(
+        "--groups",
+        type=int,
+        default=40_000,
+        help="honest groups built before ingestion (a client stops past them)",
+    )
     p.add_argument(
         "--groups-per-lease",
         type=int,
@@ -397,7 +421,9 @@ def main() -> None:
         help="groups a client leases and pushes at once (8 records each); one ingestion run per value",
     )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip", choices=["heartbeats", "ingest", "baseline"], action="append", default=[])
+    p.add_argument(
+        "--skip", choices=["heartbeats", "ingest", "journal", "baseline"], action="append", default=[]
+    )
     p.add_argument("--json")
     args = p.parse_args()
     result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
@@ -412,11 +438,18 @@ def main() -> None:
         t0 = time.perf_counter()
         groups, vocab_size = honest_groups(args.groups)
         result["ingest_records_built_s"] = time.perf_counter() - t0
-        modes = [("referee", True)] + ([] if "baseline" in args.skip else [("no_referee", False)])
+        modes = [("referee", True, False)]
+        if "journal" not in args.skip:  # the learner's own configuration: the journal is on with a run dir
+            modes.append(("referee_journal", True, True))
+        if "baseline" not in args.skip:
+            modes.append(("no_referee", False, False))
         for per_lease in args.groups_per_lease:
-            for name, on in modes:
+            for name, on, journal in modes:
                 knobs = argparse.Namespace(**{**vars(args), "groups_per_lease": per_lease})
-                runs = [ingest_once(groups, vocab_size, knobs, referee=on) for _ in range(args.repeats)]
+                runs = [
+                    ingest_once(groups, vocab_size, knobs, referee=on, journal=journal)
+                    for _ in range(args.repeats)
+                ]
                 key = f"ingest_{name}_{per_lease}_groups_per_lease"
                 result[key] = {
                     "runs": runs,

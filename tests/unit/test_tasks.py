@@ -127,3 +127,23 @@ def test_bad_task_file_exits_2_from_the_cli(tmp_path, capsys):
     assert code == 2
     assert "bad.jsonl:1: missing field 'answer'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists(), "nothing starts"
+
+
+def test_encode_prompt_gives_the_tokenizers_own_ids():
+    """encode_prompt calls a fast tokenizer's Rust backend directly (the referee encodes one prompt
+    per leased group); the ids must be those of `tokenizer(text)`, chat template and all, or the
+    referee would refuse honest records as wrong_prompt."""
+    from echo2.config import TinyModelConfig
+    from echo2.data.tasks.base import Prompt
+    from echo2.models import load_tokenizer
+    from echo2.rollout.engine import encode_prompt
+
+    tok = load_tokenizer(TinyModelConfig())
+    task = make_task(ArithmeticTaskConfig(), seed=3)
+    prompts = [task.train_prompt(i) for i in range(200)]
+    odd = {"role": "user", "content": " spaces  \n\t naïve 東京 ✓"}
+    prompts.append(Prompt(group_id="g", messages=(odd,), answer="0"))
+    assert getattr(tok, "backend_tokenizer", None) is not None, "the fast path is what is tested"
+    for p in prompts:
+        text = tok.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=False)
+        assert encode_prompt(tok, p) == tok(text, add_special_tokens=False).input_ids

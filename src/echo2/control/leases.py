@@ -122,6 +122,8 @@ class Lease:
     worker_id: str
     indices: tuple[int, ...]
     group_ids: frozenset[str]
+    index_of: dict[str, int]
+    """Each leased group's prompt index (the referee, the journal and the buffer hand-off read it)."""
     deadline: float
     done_groups: set[str] = field(default_factory=set)
 
@@ -181,11 +183,13 @@ class Leases:
         while len(indices) < max_groups:
             indices.append(self.next_index)
             self.next_index += 1
+        index_of = {self.group_id_of(i): i for i in indices}
         lease = Lease(
             lease_id=lease_id,
             worker_id=worker_id,
             indices=tuple(indices),
-            group_ids=frozenset(self.group_id_of(i) for i in indices),
+            group_ids=frozenset(index_of),
+            index_of=index_of,
             deadline=now + (self.lease_timeout if deadline_s is None else deadline_s),
         )
         self.leases[lease_id] = lease
@@ -273,11 +277,10 @@ class Leases:
         lease = self.leases[lease_id]
         stored = self.buffer.add(fresh)
         assert stored == len(fresh), "validated records are all admitted"
-        index_of = {self.group_id_of(i): i for i in lease.indices}
         for gid in Counter(r.group_id for r in fresh):
             if self.buffer.group_count(gid) == self.limits.group_size:
                 lease.done_groups.add(gid)
-                self.buffered[gid] = index_of[gid]
+                self.buffered[gid] = lease.index_of[gid]
         if (d := self.delivery.get(worker_id)) is not None:  # None: the worker was forgotten
             d.accepted(stored)
         if lease.done_groups == lease.group_ids:
@@ -329,7 +332,8 @@ class Leases:
                 )
             if not r.response_ids:
                 raise InvalidBatch(Reason.MALFORMED, f"{where}: empty response")
-            if any(not 0 <= t < lim.vocab_size for t in r.prompt_ids + r.response_ids):
+            ids = r.prompt_ids + r.response_ids  # not empty: the response is not
+            if min(ids) < 0 or max(ids) >= lim.vocab_size:
                 raise InvalidBatch(Reason.OUT_OF_VOCAB, f"{where}: token id outside [0, {lim.vocab_size})")
         for gid, n in Counter(r.group_id for r in records).items():
             if self.buffer.group_count(gid) + n > lim.group_size:

@@ -348,7 +348,7 @@ class CoordinatorState:
             self._check_trusted(worker_id)
             lease = self.ingestion.leases.get(lease_id)
             index_of = (
-                {self.ingestion.group_id_of(i): i for i in lease.indices}
+                lease.index_of
                 if self.referee is not None and lease is not None and lease.worker_id == worker_id
                 else {}
             )
@@ -379,8 +379,7 @@ class CoordinatorState:
                 self._strike(worker_id, e.reason)
                 raise
             if out["accepted"] and self.journal is not None:  # all fresh records were stored
-                prompt_of = {self.ingestion.group_id_of(i): i for i in lease.indices}
-                self.journal(fresh, {r.group_id: prompt_of[r.group_id] for r in fresh})
+                self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
             if out["accepted"]:
                 self.integrity.stored(worker_id, {r.group_id for r in records})
                 self.ready.notify_all()

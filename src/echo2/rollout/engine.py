@@ -56,6 +56,9 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
         )
     else:
         text = "\n".join(m["content"] for m in prompt.messages) + "\n"
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's Rust tokenizer
+    if backend is not None:  # the same ids as tokenizer(text) without its batching (the referee
+        return backend.encode(text, add_special_tokens=False).ids  # encodes one per leased group)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
