@@ -45,6 +45,7 @@ from echo2.control.protocol import (
     RouteRequest,
     SentRequest,
     SnapshotInfo,
+    WireRecord,
 )
 from echo2.control.state import CoordinatorState
 from echo2.records import InvalidTrajectory, Trajectory
@@ -90,9 +91,20 @@ def refusal(error: Refused) -> web.Response:
     return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
 
 
-def _tagged(record: dict[str, Any], tag: dict[str, str]) -> dict[str, Any]:
-    """The record with the coordinator's own word on who generated it (samples.jsonl shows it)."""
-    return {**record, "metadata": {**(record.get("metadata") or {}), **tag}}
+def _trajectory(r: WireRecord, tag: dict[str, str]) -> Trajectory:
+    """A validated wire record as a Trajectory (its fields already have their types), its metadata
+    with the coordinator's own word on who generated it (samples.jsonl shows it)."""
+    return Trajectory(
+        group_id=r.group_id,
+        prompt_ids=tuple(r.prompt_ids),
+        response_ids=tuple(r.response_ids),
+        behaviour_logprobs=tuple(r.behaviour_logprobs),
+        loss_mask=tuple(r.loss_mask),
+        reward=r.reward,
+        version=r.version,
+        metadata={**r.metadata, **tag},
+        record_id=r.record_id,
+    )
 
 
 class Coordinator:
@@ -311,7 +323,7 @@ class Coordinator:
         pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
         tag = {"worker": pusher.name if pusher is not None else req.worker_id}
         try:
-            records = [Trajectory.from_dict(_tagged(r.model_dump(), tag)) for r in req.records]
+            records = [_trajectory(r, tag) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
             self.state.refuse(req.worker_id, e.reason, len(req.records))
             raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
