@@ -18,7 +18,6 @@ import logging
 import math
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,29 +25,22 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
-from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
 from echo2.control import errors, identity, prom, status_page, validate
 from echo2.control.errors import Forbidden, Reason, Refused, Unauthorized, Unreadable
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
-    FailureRequest,
     HeartbeatRequest,
-    InstalledRequest,
     LeaseRequest,
     LeaseResponse,
     PushRequest,
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
-    Route,
-    RouteRequest,
-    SentRequest,
-    SnapshotInfo,
-    WireRecord,
 )
+from echo2.control.snapshot_routes import WORKER, SnapshotRoutes
 from echo2.control.state import CoordinatorState
-from echo2.records import InvalidTrajectory, Trajectory
+from echo2.records import InvalidTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +48,7 @@ MAX_BODY = 64 * 2**20
 HANDLER_TIMEOUT = 30.0
 STREAMS = {"chunks", "snapshot_data"}
 """Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
-WRITE_TIMEOUT = 60.0
 LONG_POLL_MAX = 25.0
-WORKER = web.RequestKey("worker", str)
-"""The worker a request is made as (None: the run token's holder)."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
@@ -91,23 +80,7 @@ def refusal(error: Refused) -> web.Response:
     return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
 
 
-def _trajectory(r: WireRecord, tag: dict[str, str]) -> Trajectory:
-    """A validated wire record as a Trajectory (its fields already have their types), its metadata
-    with the coordinator's own word on who generated it (samples.jsonl shows it)."""
-    return Trajectory(
-        group_id=r.group_id,
-        prompt_ids=tuple(r.prompt_ids),
-        response_ids=tuple(r.response_ids),
-        behaviour_logprobs=tuple(r.behaviour_logprobs),
-        loss_mask=tuple(r.loss_mask),
-        reward=r.reward,
-        version=r.version,
-        metadata={**r.metadata, **tag},
-        record_id=r.record_id,
-    )
-
-
-class Coordinator:
+class Coordinator(SnapshotRoutes):
     def __init__(
         self,
         state: CoordinatorState,
@@ -323,7 +296,7 @@ class Coordinator:
         pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
         tag = {"worker": pusher.name if pusher is not None else req.worker_id}
         try:
-            records = [_trajectory(r, tag) for r in req.records]
+            records = [r.trajectory(tag) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
             self.state.refuse(req.worker_id, e.reason, len(req.records))
             raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
@@ -332,38 +305,6 @@ class Coordinator:
             self.state.refuse(req.worker_id, problem.reason, len(records))
             raise errors.InvalidBatch(problem.reason, problem.detail)
         return web.json_response(self.state.ingest(req.worker_id, req.lease_id, records))
-
-    async def manifest(self, request: web.Request) -> web.Response:
-        blob = self.state.blob()
-        return web.json_response(
-            SnapshotInfo(version=blob.version, size=len(blob.data), sha256=blob.sha256).model_dump()
-        )
-
-    def _blob(self, request: web.Request):
-        try:
-            version = int(request.match_info["version"])
-        except ValueError:
-            raise Unreadable("version must be an integer") from None
-        return self.state.blob(version)
-
-    async def snapshot(self, request: web.Request) -> web.StreamResponse:
-        """The whole snapshot in one body (tools, debugging; workers use the chunk streams)."""
-        blob = self._blob(request)
-        resp = web.StreamResponse(
-            headers={"Content-Type": "application/octet-stream", "X-Sha256": blob.sha256}
-        )
-        resp.content_length = len(blob.data)
-        await resp.prepare(request)
-        view = memoryview(blob.data)
-        for at in range(0, len(view), PIECE):
-            piece = view[at : at + PIECE]
-            if self.uplink is not None:
-                await self.uplink.consume(len(piece))
-            async with asyncio.timeout(WRITE_TIMEOUT):
-                await resp.write(piece)
-        self.state.record_bytes_served(len(view))
-        await resp.write_eof()
-        return resp
 
     # ------------------------------------------------------------------ snapshot broadcast
     async def published(self, request: web.Request) -> web.Response:
@@ -397,70 +338,6 @@ class Coordinator:
         if self._published is not None:
             self._published.set()
             self._published = asyncio.Event()
-
-    async def chunk_manifest(self, request: web.Request) -> web.Response:
-        return web.json_response(self._blob(request).manifest.model_dump())
-
-    async def chunks(self, request: web.Request) -> web.StreamResponse:
-        """The learner as a parent: chunks `from`..`to` of a kept version, through the uplink cap."""
-        blob = self._blob(request)
-        try:
-            start, end = parse_range(request.query, blob.manifest.num_chunks)
-        except BadRange as e:
-            raise Unreadable(str(e)) from None
-
-        sent = 0
-
-        async def get_chunk(index: int, wait: float) -> memoryview:
-            nonlocal sent
-            sent += len(blob.chunks[index])
-            self.state.record_bytes_served(len(blob.chunks[index]))
-            return blob.chunks[index]
-
-        started = time.monotonic()
-        try:
-            return await serve_stream(
-                request,
-                start=start,
-                end=lambda: end,
-                get_chunk=get_chunk,
-                bucket=self.uplink,
-                keepalive_s=1.0,
-                write_timeout_s=WRITE_TIMEOUT,
-                stream_bucket=TokenBucket(self.stream_bps) if self.stream_bps else None,
-            )
-        finally:  # the learner's own account of what it sent this worker (cross-checks its report)
-            if request[WORKER] is not None and sent:
-                seconds = max(time.monotonic() - started, 1e-6)
-                self.state.report_sent(None, blob.version, request[WORKER], sent, seconds)
-
-    async def route(self, request: web.Request) -> web.Response:
-        req = await self._body(request, RouteRequest)
-        parent_id, url = self.state.route(req.worker_id, req.version)
-        return self._route(req.worker_id, req.version, parent_id, url)
-
-    async def failure(self, request: web.Request) -> web.Response:
-        req = await self._body(request, FailureRequest)
-        parent_id, url = self.state.report_failure(
-            req.worker_id, req.version, req.parent_id, req.reason, req.detail
-        )
-        return self._route(req.worker_id, req.version, parent_id, url)
-
-    def _route(self, worker_id: str, version: int, parent_id: str | None, url: str | None) -> web.Response:
-        floor = self.state.relay_floor(worker_id, version, parent_id)
-        route = Route(version=version, parent_id=parent_id, url=url, min_rate_bps=floor)
-        return web.json_response(route.model_dump())
-
-    async def installed(self, request: web.Request) -> web.Response:
-        req = await self._body(request, InstalledRequest)
-        transfers = [(t.parent_id, t.bytes, t.seconds) for t in req.transfers]
-        self.state.report_installed(req.worker_id, req.version, req.sha256, transfers)
-        return web.json_response({"ok": True})
-
-    async def sent(self, request: web.Request) -> web.Response:
-        req = await self._body(request, SentRequest)
-        self.state.report_sent(req.worker_id, req.version, req.child_id, req.bytes, req.seconds)
-        return web.json_response({"ok": True})
 
     def full_status(self) -> dict[str, Any]:
         body = self.state.status()

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from echo2.control.validate import metadata_problem
+from echo2.records import Trajectory
 
 API = "/v1"
 
@@ -112,6 +113,22 @@ class WireRecord(_Wire):
         if problem:
             raise ValueError(problem)
         return value
+
+    def trajectory(self, tag: dict[str, str]) -> Trajectory:
+        """This record as a Trajectory (its fields already have their types; lengths and a finite
+        reward are checked there), its metadata with the coordinator's own word on who generated
+        it (samples.jsonl shows it)."""
+        return Trajectory(
+            group_id=self.group_id,
+            prompt_ids=tuple(self.prompt_ids),
+            response_ids=tuple(self.response_ids),
+            behaviour_logprobs=tuple(self.behaviour_logprobs),
+            loss_mask=tuple(self.loss_mask),
+            reward=self.reward,
+            version=self.version,
+            metadata={**self.metadata, **tag},
+            record_id=self.record_id,
+        )
 
 
 class PushRequest(_Wire):

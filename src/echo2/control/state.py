@@ -8,8 +8,8 @@ module composes them under one lock with an injectable clock, so the HTTP layer 
 the learner thread and the tests all drive the same code. It raises the domain errors of errors.py
 and knows no HTTP. The signing key and the id factory are passed in (deterministic under test), and
 the provider is called only outside the lock: a round decides under the lock, calls the provider,
-then records the decisions under the lock again. `route` and `report_installed` are meant to be
-overridden by a subclass that wraps them (the broadcast benchmark records their timing).
+then records the decisions under the lock again. Ingestion and verification (state_ingest.py) and
+the broadcast calls (state_broadcast.py) are its two halves in files of their own, mixed in.
 """
 
 from __future__ import annotations
@@ -28,19 +28,13 @@ from echo2.control import identity
 from echo2.control.broadcast import (
     BroadcastPolicy,
     BroadcastState,
-    NotKept,
     SnapshotBlob,
-    WrongSnapshot,
     make_blob,
 )
 from echo2.control.errors import (
     Invalid,
-    InvalidBatch,
     LeaseLimit,
-    NoSnapshot,
-    Quarantined,
     Reason,
-    Refused,
     Unauthorized,
     UnknownWorker,
 )
@@ -50,7 +44,9 @@ from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_gr
 from echo2.control.provider import Provider
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.scheduler import Action, Scheduler
-from echo2.control.validate import Referee, printable
+from echo2.control.state_broadcast import BroadcastCalls
+from echo2.control.state_ingest import IngestCalls
+from echo2.control.validate import Referee
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -76,7 +72,7 @@ def _part(part: str, name: str, *, settable: bool = False) -> property:
     return property(get, put if settable else None, doc=f"`self.{part}.{name}`")
 
 
-class CoordinatorState:
+class CoordinatorState(IngestCalls, BroadcastCalls):
     def __init__(
         self,
         *,
@@ -338,178 +334,6 @@ class CoordinatorState:
         with self.lock:
             self._worker(worker_id)
             self.ingestion.give_back(worker_id, lease_id)
-
-    def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
-        """Store a batch whole or not at all. A retried batch is acknowledged, stored once. With a
-        referee, each record is first checked against the prompt leased for its group and the
-        task's reward (outside the lock: it decodes and scores)."""
-        with self.lock:
-            self._worker(worker_id)
-            self._check_trusted(worker_id)
-            lease = self.ingestion.leases.get(lease_id)
-            index_of = (
-                lease.index_of
-                if self.referee is not None and lease is not None and lease.worker_id == worker_id
-                else {}
-            )
-            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
-            if index_of and fresh:  # the lease's own rules first: the referee decodes token ids
-                try:  # (one outside the vocabulary makes a tokenizer raise) and bounded lengths only
-                    self.ingestion.screen(
-                        worker_id, lease_id, fresh, published_version=self.published_version
-                    )
-                except Refused as e:
-                    self._strike(worker_id, e.reason)
-                    raise
-        for record in records:
-            if record.group_id in index_of and not self.buffer.seen(record.record_id):
-                problem = self.referee.check(record, index_of[record.group_id])
-                if problem is not None:
-                    self.refuse(worker_id, problem.reason, len(records))
-                    raise InvalidBatch(problem.reason, problem.detail)
-        with self.lock:
-            self._worker(worker_id)
-            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
-            lease = self.ingestion.leases.get(lease_id)
-            try:
-                out = self.ingestion.ingest(
-                    worker_id, lease_id, records, published_version=self.published_version, now=self.clock()
-                )
-            except Refused as e:
-                self._strike(worker_id, e.reason)
-                raise
-            if out["accepted"] and self.journal is not None:  # all fresh records were stored
-                self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
-            if out["accepted"]:
-                self.integrity.stored(worker_id, {r.group_id for r in records})
-                self.ready.notify_all()
-            return out
-
-    def count_rejected(self, reason: str, n: int) -> None:
-        """Records refused before they reached the state (a batch that does not parse)."""
-        with self.lock:
-            self.ingestion.rejected[reason] += n
-
-    def refuse(self, worker_id: str, reason: str, n: int) -> None:
-        """A batch of `n` records refused at the door: counted under `reason`, a strike against
-        its worker when an honest one never earns it."""
-        with self.lock:
-            self.ingestion.rejected[reason] += n
-            self._strike(worker_id, reason)
-
-    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
-        """The learner refused these records after taking them (their log-probs disagree with its
-        own): counted, a strike against each worker that made them; returns those workers."""
-        with self.lock:
-            self.integrity.flagged[reason] += len(records)
-            workers = self.integrity.makers([r.group_id for r in records])
-            for worker_id in workers:
-                self._strike(worker_id, reason)
-            return workers
-
-    def _strike(self, worker_id: str, reason: str) -> None:
-        info = self.registry.workers.get(worker_id)
-        if info is not None and self.integrity.strike(worker_id, reason):
-            self.ingestion.put_back_all(worker_id)
-            logger.warning(
-                "worker quarantined: %s (%s) after %d refusals (last: %s)",
-                printable(info.name),
-                worker_id,
-                self.integrity.strikes[worker_id],
-                reason,
-            )
-
-    def _check_trusted(self, worker_id: str) -> None:
-        if worker_id in self.integrity.quarantined:
-            raise Quarantined(f"worker {worker_id!r} is quarantined: its records kept failing verification")
-
-    # ------------------------------------------------------------------ snapshot broadcast
-    @property
-    def snapshots(self) -> dict[int, SnapshotBlob]:
-        return self.bcast.snapshots
-
-    @property
-    def t_bcast(self) -> dict[int, float]:
-        """Seconds from publication until 90% of the live workers ran each version."""
-        return self.bcast.t_bcast[0.9]
-
-    @property
-    def t_bcast_all(self) -> dict[int, float]:
-        """Seconds from publication until every live worker ran each version."""
-        return self.bcast.t_bcast[1.0]
-
-    def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
-        """Whom `worker_id` receives `version` from: (parent id, relay URL), or (None, None) for
-        the learner."""
-        with self.lock:
-            self._worker(worker_id)
-            try:
-                return self.bcast.route(worker_id, version, self.registry.peers(), self.clock())
-            except NotKept:
-                raise NoSnapshot(f"version {version} is not kept") from None
-
-    def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
-        """The rate floor (bytes/s) of `worker_id`'s route to `parent_id` for `version` (None: none)."""
-        with self.lock:
-            return self.bcast.relay_floor(worker_id, version, parent_id)
-
-    def report_failure(
-        self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
-    ) -> tuple[str | None, str | None]:
-        """The receiver's parent failed; returns its new route."""
-        with self.lock:
-            self._worker(worker_id)
-            logger.info(
-                "broadcast of %d: %s reports parent %s: %s %s",
-                version,
-                worker_id,
-                parent_id or "learner",
-                reason,
-                printable(detail),
-            )
-            try:
-                return self.bcast.failure(
-                    worker_id, version, parent_id, reason, self.registry.peers(), self.clock()
-                )
-            except NotKept:
-                raise NoSnapshot(f"version {version} is not kept") from None
-
-    def report_installed(
-        self, worker_id: str, version: int, sha256: str, transfers: list[tuple[str | None, int, float]]
-    ) -> None:
-        """The worker runs `version` from now on (exact install time for T_bcast)."""
-        with self.lock:
-            info = self._worker(worker_id)
-            self._check_version(version)
-            try:
-                self.bcast.installed(
-                    worker_id, version, sha256, transfers, self.registry.peers(), self.clock()
-                )
-            except WrongSnapshot as e:
-                raise Invalid(Reason.WRONG_SNAPSHOT, str(e)) from None
-            info.version = max(info.version, version)
-            self.bcast.evict(self.keep, self.registry.peers())
-
-    def report_sent(
-        self, parent_id: str | None, version: int, child_id: str, nbytes: int, seconds: float
-    ) -> None:
-        """A parent's account of a stream it served (None: the learner's own, from the HTTP layer)."""
-        with self.lock:
-            if parent_id is not None:
-                self._worker(parent_id)
-            self.bcast.sent(parent_id, version, child_id, nbytes, seconds, self.clock())
-
-    def record_bytes_served(self, n: int) -> None:
-        with self.lock:
-            self.bcast.bytes_served += n
-
-    def blob(self, version: int | None = None) -> SnapshotBlob:
-        """A kept snapshot (None: the newest published one)."""
-        with self.lock:
-            blob = self.bcast.snapshots.get(self.published_version if version is None else version)
-        if blob is None:
-            raise NoSnapshot("nothing published yet" if version is None else f"version {version} is not kept")
-        return blob
 
     # ------------------------------------------------------------------ learner side
     def publish(self, version: int, data: bytes, *, keep: int) -> SnapshotBlob:
