@@ -1,27 +1,6 @@
 """The endpoint fuzz (issue 12), worker calls: register, heartbeat, lease, return, push.
 
-What every fuzz run checks (shared by test_fuzz_worker.py, test_fuzz_broadcast.py and
-test_fuzz_http.py):
-
-Hypothesis generates requests for each endpoint: bodies of the endpoint's own shape whose fields are
-good, hostile (NaN, infinities, huge and negative numbers, wrong types, long strings, nesting, control
-characters and lone surrogates, other workers' ids) or missing, with extra keys now and then; raw
-bodies that are no JSON at all, or JSON too deep or too large; junk query strings, path parameters,
-credentials, cookies and methods. Each goes through a real `Coordinator` on 127.0.0.1 (port 0), as a
-registered hostile worker, over one keep-alive connection. Every answer must be:
-
-- never a 5xx;
-- when an error (4xx), a JSON object with a non-empty `error` reason and a `detail` (the one
-  exception: the status page's sign-in form, an HTML page for people, `/ui`);
-- when a refusal, a change of nothing but the refusal counter of the reason it was answered with
-  (only pushes count refusals) and the strikes against the worker that sent it.
-
-After each endpoint's run, `door.invariant` holds: nothing changed since the last accepted request,
-every weight is finite and the learner still trains on an honest batch.
-
-The doors here quarantine no one (`quarantine_after` huge): the quarantine after a third strike puts
-the worker's leases back, a change the refusal check would rightly see, and quarantine has tests of
-its own (test_learner_checks.py). What the fuzz looks for is what the door lets through.
+What every answer must be, and the invariant after each run: fuzz_wire.py.
 """
 
 from __future__ import annotations
