@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -170,3 +171,15 @@ def load_public_key(hex_key: str) -> Ed25519PublicKey:
     if len(raw) != 32:
         raise ValueError(f"an Ed25519 public key is 32 bytes, got {len(raw)}")
     return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def manifest_of(data: Any, version: int, public_key: str) -> Manifest:
+    """The manifest of `version`, its shape and its signature checked (VerificationError if not)."""
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as e:
+        raise VerificationError(f"malformed manifest for version {version}: {e}") from None
+    verify_manifest(manifest, public_key)
+    if manifest.version != version:
+        raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
+    return manifest

@@ -18,15 +18,14 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from pydantic import ValidationError
 
 from echo2.broadcast.bucket import TokenBucket
-from echo2.broadcast.chunks import Manifest, VerificationError, verify_manifest
+from echo2.broadcast.chunks import Manifest, VerificationError, manifest_of
+from echo2.broadcast.meter import ParentFailed, RelayMeter
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
 from echo2.control.client import CoordinatorClient, CoordinatorError, NotKept
@@ -70,45 +69,6 @@ def client_for(
 
 class BroadcastError(Exception):
     """A version could not be received (no longer kept by the learner, or too many failures)."""
-
-
-class _ParentFailed(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
-
-
-class _Meter:
-    """The rate a relay delivers chunk bodies at, over the last `window_s` seconds spent waiting on
-    them (a sliding window, judged once a full window is measured): waits between chunks, while the
-    relay waits on its own upstream, and this worker's own download cap are not counted. Below
-    `stall_bps` the relay is stalled, below `slow_bps` slow. A relay that drops from rate R0 to R1
-    is caught window_s * (R0 - floor) / (R0 - R1) seconds later (a whole window if slow from the
-    start)."""
-
-    __slots__ = ("pieces", "bytes", "seconds", "stall_bps", "slow_bps", "window_s")
-
-    def __init__(self, *, stall_bps: float, slow_bps: float, window_s: float) -> None:
-        self.pieces: deque[tuple[int, float]] = deque()
-        self.bytes, self.seconds = 0, 0.0
-        self.stall_bps, self.slow_bps, self.window_s = stall_bps, slow_bps, window_s
-
-    def add(self, nbytes: int, seconds: float) -> None:
-        """One piece; raises _ParentFailed when the last full window came in below a floor."""
-        self.pieces.append((nbytes, seconds))
-        self.bytes += nbytes
-        self.seconds += seconds
-        while self.pieces and self.seconds - self.pieces[0][1] >= self.window_s:
-            b, t = self.pieces.popleft()
-            self.bytes -= b
-            self.seconds -= t
-        if self.seconds < self.window_s:
-            return
-        rate = self.bytes / self.seconds
-        if rate < self.stall_bps:
-            raise _ParentFailed("stalled", f"{rate:.0f} B/s, below the floor of {self.stall_bps:.0f} B/s")
-        if rate < self.slow_bps:
-            raise _ParentFailed("slow", f"{rate:.0f} B/s, below the relay floor of {self.slow_bps:.0f} B/s")
 
 
 class BroadcastClient:
@@ -165,14 +125,14 @@ class BroadcastClient:
         except NotKept:
             raise BroadcastError(f"version {version} is not kept by the learner") from None
         try:
-            manifest = _verified(data, version, self.public_key)
+            manifest = manifest_of(data, version, self.public_key)
         except VerificationError as e:  # nothing stored
             self.refused[version] = str(e)
             raise
         self.store.add_manifest(manifest)
         return manifest
 
-    async def _route(self, version: int, failed: tuple[str | None, _ParentFailed] | None = None) -> Route:
+    async def _route(self, version: int, failed: tuple[str | None, ParentFailed] | None = None) -> Route:
         try:
             if failed is None:
                 return await self.coordinator.route(RouteRequest(worker_id=self.worker_id, version=version))
@@ -215,7 +175,7 @@ class BroadcastClient:
         while (start := self._first_missing(version)) is not None:
             try:
                 await self._stream(version, manifest, route, start)
-            except _ParentFailed as failed:
+            except ParentFailed as failed:
                 failures += 1
                 self.failures.append((version, route.parent_id, failed.reason))
                 parent = route.parent_id or "learner"
@@ -243,7 +203,7 @@ class BroadcastClient:
 
     async def _stream(self, version: int, manifest: Manifest, route: Route, start: int) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
-        stored as it arrives. Raises _ParentFailed on anything but a complete, valid stream."""
+        stored as it arrives. Raises ParentFailed on anything but a complete, valid stream."""
         relay = route.url is not None
         base = route.url or self.coordinator.url
         # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
@@ -253,7 +213,7 @@ class BroadcastClient:
         )
         started, received = time.monotonic(), 0
         meter = (
-            _Meter(
+            RelayMeter(
                 stall_bps=self.min_rate_bps,
                 slow_bps=route.min_rate_bps or 0.0,
                 window_s=self.progress_timeout,
@@ -277,30 +237,30 @@ class BroadcastClient:
                     body = (await resp.text())[:200]
                     # a relay that no longer holds the version is not at fault: "gone", not "refused"
                     reason = "gone" if resp.status == 404 and "not_held" in body else "refused"
-                    raise _ParentFailed(reason, f"HTTP {resp.status}: {body}")
+                    raise ParentFailed(reason, f"HTTP {resp.status}: {body}")
                 last_chunk = time.monotonic()
                 while (header := await self._read(resp.content, HEADER.size, at_frame=True)) is not None:
                     index, length = HEADER.unpack(header)
                     if index == KEEPALIVE:
                         if time.monotonic() - last_chunk > STARVED_FACTOR * self.progress_timeout:
-                            raise _ParentFailed("stalled", "only keep-alives, no chunk")
+                            raise ParentFailed("stalled", "only keep-alives, no chunk")
                         continue
                     if index == GONE:
-                        raise _ParentFailed("gone", "the parent no longer holds this version")
+                        raise ParentFailed("gone", "the parent no longer holds this version")
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
-                        raise _ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
+                        raise ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
                     data = await self._read(resp.content, length, meter=meter)
                     if not self.store.put(version, index, data):
                         self._first_missing(version)  # dropped from the store: not the parent's fault
-                        raise _ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
+                        raise ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
                     received += length
                     last_chunk = time.monotonic()
         except TimeoutError:  # before OSError, of which it is a subclass
-            raise _ParentFailed("stalled", f"nothing for {self.progress_timeout}s") from None
+            raise ParentFailed("stalled", f"nothing for {self.progress_timeout}s") from None
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
-            raise _ParentFailed("unreachable", repr(e)) from None
+            raise ParentFailed("unreachable", repr(e)) from None
         if not self.store.complete(version):
-            raise _ParentFailed("incomplete", "the stream ended before the last chunk")
+            raise ParentFailed("incomplete", "the stream ended before the last chunk")
         self.transfers[version].append(
             {
                 "parent_id": route.parent_id,
@@ -310,7 +270,12 @@ class BroadcastClient:
         )
 
     async def _read(
-        self, content: aiohttp.StreamReader, n: int, *, at_frame: bool = False, meter: _Meter | None = None
+        self,
+        content: aiohttp.StreamReader,
+        n: int,
+        *,
+        at_frame: bool = False,
+        meter: RelayMeter | None = None,
     ) -> bytes | None:
         """`n` bytes, each piece within the progress timeout and paced by the download cap. At a
         frame boundary a clean end of stream returns None. With a `meter`, every piece's wait is
@@ -414,18 +379,6 @@ class BroadcastClient:
         self.digests.clear()
         self._newest = -1
         self._rewind.set()
-
-
-def _verified(data: Any, version: int, public_key: str) -> Manifest:
-    """The manifest of `version`, its shape and its signature checked (VerificationError if not)."""
-    try:
-        manifest = Manifest.model_validate(data)
-    except ValidationError as e:
-        raise VerificationError(f"malformed manifest for version {version}: {e}") from None
-    verify_manifest(manifest, public_key)
-    if manifest.version != version:
-        raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
-    return manifest
 
 
 def _chunk_len(manifest: Manifest, index: int) -> int:

@@ -224,7 +224,7 @@ class Dissemination:
 
     def _watch_slow(self, tr: Transfer, prior: dict[str, tuple[str | None, float]] | None = None) -> None:
         """Schedule the slow report of every link now below the relay floor. The receiver judges
-        the last progress timeout W of reading (client.py's `_Meter`): a link that fell from R0 to
+        the last progress timeout W of reading (meter.py's `RelayMeter`): a link that fell from R0 to
         R1 (`prior`: sender and rate before the change) is caught W (R0 - F) / (R0 - R1) later, one
         slow from its start after W."""
         window = self.world.sc.broadcast.progress_timeout_s
