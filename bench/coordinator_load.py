@@ -346,8 +346,8 @@ def ingest_once(
         max_groups_per_lease=args.groups_per_lease,
         groups_per_step=args.clients * args.groups_per_lease,  # every client's share is a full lease
     )
-    scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-")
-    log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if journal else None
+    scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-") if journal else None
+    log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if scratch is not None else None
     state.journal = log.accepted if log is not None else None  # as control/remote.py wires it
     state.publish(0, b"v0", keep=2)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
@@ -374,10 +374,11 @@ def ingest_once(
     stop.set()
     drainer.join(timeout=5)
     server.stop()
-    journal_bytes = (Path(scratch.name) / NAME).stat().st_size if log is not None else 0
-    if log is not None:
+    journal_bytes = 0
+    if scratch is not None:
+        journal_bytes = (Path(scratch.name) / NAME).stat().st_size
         log.close()
-    scratch.cleanup()
+        scratch.cleanup()
     assert state.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
     assert not result["refused"], f"honest pushes were refused: {result['refused']}"
     assert not result["clients_out_of_records"], "clients ran past the records built: raise --groups"

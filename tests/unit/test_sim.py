@@ -266,14 +266,19 @@ def test_without_demotion_a_slow_forwarder_keeps_forwarding():
     assert later and all(p.plan.child_of(slow) is not None and not p.demoted for p in later)
 
 
+def table4_run(label: str):
+    """One series of scenarios/paper/table4-faults.toml: its scenario, the simulation and its metrics."""
+    runs = expand(load_tree(Path(PAPER[0]).with_name("table4-faults.toml")))
+    ((_, _, sc),) = [r for r in runs if r[0] == label]
+    sim = simulate(sc)
+    return sc, sim, metrics(sim)
+
+
 def test_table4_half_speed_forwarder_recovers_within_the_papers_time():
     """Table 4's broadcast row "1 forwarder slows 0.5x" (scenarios/paper/table4-faults.toml): the
     paper recovers in 312 s with an 8.94% drop. Demoted 5 s after the fault, its chain's tail moved
     behind another chain's tail, no worker lags past a normal broadcast."""
-    runs = expand(load_tree(Path(PAPER[0]).with_name("table4-faults.toml")))
-    ((_, _, sc),) = [r for r in runs if r[0] == "Broadcast: 1 forwarder slows 0.5x"]
-    sim = simulate(sc)
-    m = metrics(sim)
+    sc, sim, m = table4_run("Broadcast: 1 forwarder slows 0.5x")
     (f,) = m["faults"]
     assert f["recovery_s"] is not None and f["recovery_s"] <= 312.0
     assert f["throughput_drop"] <= 0.0894
@@ -385,10 +390,7 @@ def test_table4_dropped_forwarder_recovers_within_the_papers_time():
     routed around it; the replacement fetches from storage. Its two downstream workers still
     install after the rest (the 10 s without a parent and the chunk lost in flight), which
     `recovered_for_good_s` shows as a later dip."""
-    runs = expand(load_tree(Path(PAPER[0]).with_name("table4-faults.toml")))
-    ((_, _, sc),) = [r for r in runs if r[0] == "Broadcast: 1 forwarder drops out"]
-    sim = simulate(sc)
-    m = metrics(sim)
+    sc, sim, m = table4_run("Broadcast: 1 forwarder drops out")
     (f,) = m["faults"]
     assert f["recovery_s"] is not None and f["recovery_s"] <= 312.0
     assert f["recovered_for_good_s"] is not None and f["recovered_for_good_s"] >= f["recovery_s"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 
 from echo2.control.errors import InvalidBatch, LeaseExpired, Reason, Refused, Stale
@@ -121,11 +121,15 @@ class Lease:
     lease_id: str
     worker_id: str
     indices: tuple[int, ...]
-    group_ids: frozenset[str]
     index_of: dict[str, int]
     """Each leased group's prompt index (the referee, the journal and the buffer hand-off read it)."""
     deadline: float
     done_groups: set[str] = field(default_factory=set)
+
+    @property
+    def group_ids(self) -> KeysView[str]:
+        """The leased groups' ids."""
+        return self.index_of.keys()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,13 +187,11 @@ class Leases:
         while len(indices) < max_groups:
             indices.append(self.next_index)
             self.next_index += 1
-        index_of = {self.group_id_of(i): i for i in indices}
         lease = Lease(
             lease_id=lease_id,
             worker_id=worker_id,
             indices=tuple(indices),
-            group_ids=frozenset(index_of),
-            index_of=index_of,
+            index_of={self.group_id_of(i): i for i in indices},
             deadline=now + (self.lease_timeout if deadline_s is None else deadline_s),
         )
         self.leases[lease_id] = lease

@@ -30,6 +30,8 @@ class FaultInjector:
         self.rollout = rollout
         self.fleet = fleet
         self.records: list[FaultRecord] = []
+        self._reported: set[str] = set()
+        """Dropped relays their child has reported (and scored) already."""
 
     def start(self) -> None:
         for i, f in enumerate(self.world.sc.faults):
@@ -104,7 +106,8 @@ class FaultInjector:
         sc = self.world.sc
         yield self.world.env.timeout(min(sc.broadcast.progress_timeout_s, sc.scheduler.heartbeat_timeout_s))
         if not w.lost and self.dissemination.feeds_someone(w):
-            w.stats.record_failure(self.world.env.now)
+            w.stats.record_failure(self.world.env.now)  # scored once: here, or else at its loss
+            self._reported.add(w.id)
             self.dissemination.leave(w, detected=True)
 
     def _detect(self, w: SimWorker):
@@ -112,5 +115,6 @@ class FaultInjector:
         yield self.world.env.timeout(self.world.sc.scheduler.heartbeat_timeout_s)
         w.lost = True
         self.fleet.invalidate_target()
-        w.stats.record_failure(self.world.env.now)
+        if w.id not in self._reported:  # its child's report scored it already
+            w.stats.record_failure(self.world.env.now)
         self.dissemination.leave(w, detected=True)
