@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from echo2 import gpu_env
 from echo2.config import ConfigError, LearnerConfig
 from echo2.learning import distributed
 
@@ -31,8 +32,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def resolve_device(config: LearnerConfig) -> torch.device:
     """learner.device as a torch device; under torchrun on CUDA, this rank's GPU (LOCAL_RANK)."""
     has_gpu = torch.cuda.is_available()
-    if config.device == "cuda" and not has_gpu:
-        raise ConfigError("learner.device: cuda requested but torch sees no GPU (use auto or cpu)")
+    if not has_gpu:  # cuda, or auto beside a GPU torch cannot use: exit 2 with the reason (gpu_env.py)
+        gpu_env.check_device(config.device, key="learner.device")
     if config.device == "cpu" or not has_gpu:
         return torch.device("cpu")
     return torch.device("cuda", distributed.local_rank())
