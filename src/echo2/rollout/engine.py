@@ -75,8 +75,27 @@ def encode_prompts(tokenizer, prompts: list[Prompt], *, max_tokens: int) -> list
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, config: RolloutConfig, *, version: int = 0) -> None:
+    """Generates with a transformers model (`model.generate`), on `device` in `dtype`.
+
+    The model is moved there once (`model.to(device, dtype)`; None keeps its device or dtype) and
+    every input tensor is built on it; behaviour log-probs come back as Python floats (on the CPU),
+    computed in fp32 by `token_logprobs` whatever the model's dtype. A snapshot installs into the
+    model in place (`load_state_dict` copies each tensor to the model's device and dtype)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: RolloutConfig,
+        *,
+        version: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)  # in place for an nn.Module
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # where inputs are built
         self.tokenizer = tokenizer
         self.config = config
         self.version = version
@@ -109,6 +128,7 @@ class HFEngine:
         for i, ids in enumerate(encoded):  # left padding, as decoder-only generation needs
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)  # one copy each
         sampling = (
             {"do_sample": False}
             if greedy
@@ -154,6 +174,7 @@ class HFEngine:
             ],
             dim=1,
         )  # [B*n, L]
+        new_tokens, token_lp = new_tokens.cpu(), token_lp.cpu()  # one device-to-host copy each
         results: list[list[Sample]] = []
         for i, ids in enumerate(encoded):
             group = []
