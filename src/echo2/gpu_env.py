@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 
@@ -82,7 +83,8 @@ def diagnose_facts(facts: Facts) -> str | None:
     if facts.visible_devices is not None and _hides_every_gpu(facts.visible_devices, len(facts.gpus)):
         return f"CUDA_VISIBLE_DEVICES={facts.visible_devices!r} hides every GPU, though {found}"
     need = required_driver(facts.torch_cuda)
-    if facts.driver and need is not None and int(facts.driver.split(".")[0]) < need:
+    have = re.match(r"\d+", facts.driver or "")
+    if have and need is not None and int(have.group()) < need:
         return (
             f"NVIDIA driver {facts.driver} is older than {need}, which torch {facts.torch_version} "
             f"(CUDA {facts.torch_cuda}) needs; upgrade the driver or install torch and vLLM built for "
