@@ -5,8 +5,10 @@ an fp32 safetensors directory, because transformers marks GGUF-loaded models as 
 not train them), or a tiny random Llama for tests. Owns the one definition of a token's log-prob
 under the policy at a temperature (`token_logprobs`), which the rollout engine records as the
 behaviour log-prob and the learner recomputes, so the importance ratio is 1 for an unchanged
-policy. A path that cannot be loaded is a `ConfigError` naming the config key. Knows nothing of
-tasks, training or the network; the learner (learning/) and the workers (rollout/) both import it.
+policy. Owns the tokenizer's chat-template kwargs (`model.chat_template_kwargs`, attached where
+the tokenizer is loaded). A path that cannot be loaded is a `ConfigError` naming the config key.
+Knows nothing of tasks, training or the network; the learner (learning/) and the workers (rollout/)
+both import it.
 
 Shapes: B rows, K positions, V vocabulary.
 """
@@ -18,6 +20,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
@@ -130,7 +133,19 @@ def load_tokenizer(config: HFModelConfig | GGUFModelConfig | TinyModelConfig):
         raise ConfigError(f"{key}: cannot load a tokenizer from {src}: {e}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    setattr(tok, CHAT_TEMPLATE_KWARGS, dict(config.chat_template_kwargs))
     return tok
+
+
+CHAT_TEMPLATE_KWARGS = "echo2_chat_template_kwargs"
+"""The tokenizer attribute holding model.chat_template_kwargs. They travel with the tokenizer, not
+with each caller: every process (learner, referee, worker) loads its tokenizer here from the same
+model section, so every `apply_chat_template` call renders a prompt to the same ids."""
+
+
+def chat_template_kwargs(tokenizer) -> dict[str, Any]:
+    """model.chat_template_kwargs of a tokenizer from `load_tokenizer` ({} for any other)."""
+    return dict(getattr(tokenizer, CHAT_TEMPLATE_KWARGS, {}))
 
 
 def load_model(

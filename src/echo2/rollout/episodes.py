@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from echo2.data.tasks.base import Prompt
 from echo2.envs.base import Environment, EnvTask, user_turn
+from echo2.models import chat_template_kwargs
 from echo2.records import Trajectory
 from echo2.rollout.engine import Engine, encode_prompts
 
@@ -42,7 +43,7 @@ class ChatTokens:
                 {"role": "user", "content": "u"},
                 {"role": "assistant", "content": _SENTINEL},
             ]
-            text = tokenizer.apply_chat_template(probe, tokenize=False)
+            text = tokenizer.apply_chat_template(probe, tokenize=False, **chat_template_kwargs(tokenizer))
             self._probe, self._probe_text = probe, text
             self.close = text[text.index(_SENTINEL) + len(_SENTINEL) :]
             """What ends an assistant message, e.g. "<|im_end|>\\n"."""
@@ -65,7 +66,10 @@ class ChatTokens:
             text = self.close + message["content"] + "\n"
         else:
             full = self.tokenizer.apply_chat_template(
-                [*self._probe, message], tokenize=False, add_generation_prompt=True
+                [*self._probe, message],
+                tokenize=False,
+                add_generation_prompt=True,
+                **chat_template_kwargs(self.tokenizer),
             )
             assert full.startswith(self._probe_text), "chat template is not prefix-stable"
             text = self.close + full[len(self._probe_text) :]

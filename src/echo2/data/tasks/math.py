@@ -1,5 +1,5 @@
 """Math word problems from a local file (JSONL, or through `datasets`: Parquet, Arrow, CSV, JSON;
-rows.py), answers checked with math-verify.
+rows.py), flat or nested as DAPO-Math-17k's rows, answers checked with math-verify.
 
 Rows are validated when the task is built: a missing field or a bad row raises `TaskFileError`
 naming the file, the line (row) and the field, before any model is loaded.
@@ -11,7 +11,7 @@ import random
 
 from echo2.config import MathTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
-from echo2.data.tasks.rows import TaskFileError, read_rows
+from echo2.data.tasks.rows import Messages, TaskFileError, read_rows
 
 __all__ = ["MathTask", "TaskFileError", "read_rows"]
 
@@ -24,6 +24,8 @@ class MathTask:
             "question_field": config.question_field,
             "answer_field": config.answer_field,
             "template": config.prompt_template,
+            "messages_field": config.messages_field,
+            "system_prompt": config.system_prompt,
         }
         rows = read_rows(config.train_file, **fields)
         if config.eval_file:
@@ -36,24 +38,17 @@ class MathTask:
         self._order = list(range(len(self.train_rows)))
         random.Random(seed).shuffle(self._order)
 
-    def _prompt(self, split: str, i: int, question: str, answer: str) -> Prompt:
-        return Prompt(
-            group_id=stable_id("math", split, i),
-            messages=(
-                {"role": "system", "content": self.config.system_prompt},
-                {"role": "user", "content": question},
-            ),
-            answer=answer,
-        )
+    def _prompt(self, split: str, i: int, messages: Messages, answer: str) -> Prompt:
+        return Prompt(group_id=stable_id("math", split, i), messages=messages, answer=answer)
 
     def train_prompt(self, index: int) -> Prompt:
         epoch, pos = divmod(index, len(self._order))
         row = self._order[pos]
-        q, a = self.train_rows[row]
-        return self._prompt(f"train{epoch}", row, q, a)
+        messages, answer = self.train_rows[row]
+        return self._prompt(f"train{epoch}", row, messages, answer)
 
     def eval_prompts(self, count: int) -> list[Prompt]:
-        return [self._prompt("eval", i, q, a) for i, (q, a) in enumerate(self.eval_rows[:count])]
+        return [self._prompt("eval", i, m, a) for i, (m, a) in enumerate(self.eval_rows[:count])]
 
     def score(self, prompt: Prompt, response_text: str) -> Score:
         from math_verify import parse, verify
