@@ -208,3 +208,10 @@ def test_messages_field_refuses_the_keys_it_replaces(key):
     task = {"type": "math", "train_file": "x.jsonl", "messages_field": "prompt", key: "{problem}"}
     with pytest.raises(ConfigError, match=f"^task.{key}: not used with task.messages_field"):
         build_config({"task": task})
+
+
+def test_a_file_under_home_is_found(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_jsonl(tmp_path / "rows.jsonl", [GOOD])
+    config = MathTaskConfig(train_file="~/rows.jsonl", eval_file="~/rows.jsonl", **DAPO)
+    assert make_task(config, seed=0).eval_prompts(1)[0].answer == "2"

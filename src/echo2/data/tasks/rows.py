@@ -45,7 +45,7 @@ def read_rows(
     (`messages_field`) or one user message, `template` over the row's columns with `{question}`
     the question column. Field names are dotted paths into nested columns ("reward_model.ground_truth");
     a column whose name is the whole string, dots and all, is taken first."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise TaskFileError(f"{path}: no such file")
     raw = _jsonl(path) if FORMATS.get(path.suffix) == "jsonl" else _through_datasets(path)
