@@ -138,12 +138,12 @@ def _parser() -> argparse.ArgumentParser:
         help="rollout throughput and the cheapest worker pool that keeps the learner busy",
         description="Capacity planning (ECHO-2 section 3.3-3.4): the throughput mu_min that "
         "keeps the learner saturated, and the minimum-cost workers that reach "
-        "gamma * mu_min.",
+        "gamma * mu_min. With --memory CONFIG.toml --gpu NAME: the GPU memory plan instead.",
     )
-    pl.add_argument("--t-train", type=float, required=True, metavar="SEC", help="seconds per learner step")
-    pl.add_argument("--t-bcast", type=float, required=True, metavar="SEC", help="snapshot dissemination time")
-    pl.add_argument("--batch", type=float, required=True, metavar="R", help="trajectories per learner step")
-    pl.add_argument("--staleness", type=int, required=True, metavar="S", help="staleness bound S")
+    pl.add_argument("--t-train", type=float, metavar="SEC", help="seconds per learner step")
+    pl.add_argument("--t-bcast", type=float, metavar="SEC", help="snapshot dissemination time")
+    pl.add_argument("--batch", type=float, metavar="R", help="trajectories per learner step")
+    pl.add_argument("--staleness", type=int, metavar="S", help="staleness bound S")
     pl.add_argument(
         "--kappa", type=int, default=None, metavar="K", help="publish period (default max(1, S-1))"
     )
@@ -164,11 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     pl.add_argument(
         "--pool",
-        required=True,
         metavar="POOL.toml",
         help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
     )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
+    from echo2.memplan_cli import add_flags as add_memory_flags  # light: argparse only
+
+    add_memory_flags(pl)
     from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
 
     add_simulate(sub)
@@ -176,8 +178,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace, extra: list[str]) -> int:
     import json
+
+    if args.memory:
+        from echo2.memplan_cli import run as memory_plan
+
+        return memory_plan(args, extra)
+    if extra:
+        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+    capacity = ("t_train", "t_bcast", "batch", "staleness", "pool")  # required unless --memory
+    missing = [f"--{k.replace('_', '-')}" for k in capacity if getattr(args, k) is None]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: required (or --memory CONFIG.toml --gpu NAME)")
 
     from pydantic import ValidationError
 
@@ -384,10 +397,12 @@ def main(argv: list[str] | None = None) -> int:
             from echo2.export import run as export
 
             return export(args)
-        if args.command in ("worker", "plan"):
+        if args.command == "plan":
+            return _plan(args, extra)
+        if args.command == "worker":
             if extra:
                 raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
-            return _worker(args) if args.command == "worker" else _plan(args)
+            return _worker(args)
         return _train(args, extra)
     except ConfigError as e:
         print(f"echo2: config error: {e}", file=sys.stderr)
