@@ -27,8 +27,7 @@ SKIPPED = {
     "bash scripts/quickstart.sh": "ten minutes of training; CI runs the same `echo2 run` on the tiny model",
     "bash scripts/test.sh": "it is what CI runs around this test",
     "--rollout.engine=vllm": "the vLLM engine has its own tests (tests/e2e/test_vllm_engine.py)",
-    "--learner.device=cuda": "needs a GPU",
-    "torchrun": "needs GPUs",
+    "torchrun": "needs GPUs (tests/e2e/test_readme_gpu.py dry-runs the README's GPU commands)",
 }
 
 

@@ -28,8 +28,9 @@ SLACK = 2**30
 lazily loaded kernels, which mem_get_info sees and vLLM's own accounting does not."""
 
 
-def test_vllm_starts_beside_a_learner_sized_allocation_within_the_plan():
+def test_vllm_starts_beside_a_learner_sized_allocation_within_the_plan(monkeypatch):
     pytest.importorskip("vllm")
+    monkeypatch.delenv("ECHO2_VLLM_KV_CACHE_GIB", raising=False)  # the config's KV size, not gpu_check's
     from echo2 import memplan
     from echo2.config import load_config
     from echo2.data.tasks import make_task
