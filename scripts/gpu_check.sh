@@ -51,7 +51,7 @@ section() {
   echo "   $status in ${seconds}s (exit $rc): $(grep -v '^\s*$' "$out/$name.log" | tail -n 1 | cut -c1-200)"
 }
 
-pytest_args=(-p no:cacheprovider -q -rs)
+pytest_args=(-p no:cacheprovider -q -rsP)  # -rP: passed tests' output too (MEASURED lines)
 
 environment() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
@@ -84,13 +84,13 @@ EOF
 
 export py out
 export -f environment two_steps
-section environment 30 environment
-section learner 60 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py
+section environment 25 environment
+section learner 45 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py
 section vllm_engine 120 "$py" -m pytest "${pytest_args[@]}" tests/e2e/test_vllm_engine.py tests/unit/test_engine_choice.py
-section vllm_gpu 80 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_vllm.py
-section colocated 80 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_colocated.py
-section fsdp_nccl 45 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_fsdp.py
-section run_hf 40 two_steps tiny-bf16 configs/tiny.toml
+section vllm_gpu 100 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_vllm.py
+section colocated 90 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_colocated.py
+section fsdp_nccl 40 "$py" -m pytest "${pytest_args[@]}" -m gpu tests/gpu/test_gpu_fsdp.py
+section run_hf 35 two_steps tiny-bf16 configs/tiny.toml
 section run_vllm 70 two_steps smollm-vllm configs/quickstart.toml --run.eval_size=16 --rollout.engine=vllm
 
 # The summary, in JSON written here (no Python: it must come out even when the interpreter is broken).

@@ -79,7 +79,7 @@ def test_every_section_runs_after_a_failure_and_a_timeout(tmp_path):
     assert all(Path(s["log"]).is_file() and s["seconds"] >= 0 for s in summary["sections"])
     calls = (tmp_path / "log").read_text()
     assert (
-        "-m pytest -p no:cacheprovider -q -rs -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py"
+        "-m pytest -p no:cacheprovider -q -rsP -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py"
         in calls
     )
     assert (
