@@ -132,6 +132,26 @@ def _parser() -> argparse.ArgumentParser:
         "seen, and stop if it ever changes)",
     )
     w.add_argument("--ca-file", default=None, metavar="PEM", help="CA to verify an https coordinator with")
+    w.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default=None,
+        help="the engine this worker generates with, on its GPU if it has one (default: the run's "
+        "rollout.engine)",
+    )
+    w.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the flags, print this worker's engine settings (engine, device, dtype, vLLM "
+        "arguments) as JSON and exit without connecting",
+    )
+    w.add_argument(
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="with --dry-run: the run config to resolve the settings for (a worker otherwise gets "
+        "it from the coordinator)",
+    )
     w.add_argument("-q", "--quiet", action="store_true", help="warnings only")
     pl = sub.add_parser(
         "plan",
@@ -326,6 +346,12 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ca-file: no such file {args.ca_file}")
     if args.learner_key is not None and not re.fullmatch(r"[0-9a-fA-F]{16,64}", args.learner_key):
         raise ConfigError("--learner-key: not a key fingerprint (16 to 64 hex digits)")
+    if args.config is not None and not args.dry_run:
+        raise ConfigError(
+            "--config: only with --dry-run (a worker takes the run config from the coordinator)"
+        )
+    if args.dry_run:
+        return _worker_dry_run(args)
     _setup_logging(args.quiet)
     import asyncio
 
@@ -356,6 +382,7 @@ def _worker(args: argparse.Namespace) -> int:
             fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
             learner_key=args.learner_key,
             ca_file=args.ca_file,
+            engine=args.engine,
         )
     )
 
@@ -381,6 +408,31 @@ def _worker(args: argparse.Namespace) -> int:
         print(f"echo2 worker: {e}", file=sys.stderr)
         return 1
     log.info("worker stopped: %s", worker.counts)
+    return 0
+
+
+def _worker_dry_run(args: argparse.Namespace) -> int:
+    """`echo2 worker --dry-run`: the engine settings this worker would start with, as JSON, for
+    --config's run (else only what the flags and this machine decide); nothing connects."""
+    import json
+
+    if args.emulate is not None:
+        settings: dict = {"engine": f"emulated ({args.emulate} trajectories/s, no model)", "device": "cpu"}
+    else:
+        from echo2.rollout.engines import worker_device, worker_settings
+
+        device = worker_device()
+        if args.config is None:
+            settings = {
+                "engine": args.engine or "(the run's rollout.engine)",
+                "device": str(device),
+                "dtype": "(the run's snapshot dtype)",
+            }
+        else:
+            config = load_config(args.config)
+            check_model_source(config)
+            settings = worker_settings(config, engine=args.engine, device=device)
+    print(json.dumps(settings, indent=2))
     return 0
 
 

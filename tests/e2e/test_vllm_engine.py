@@ -156,3 +156,26 @@ def test_multi_turn_episodes_behaviour_logprobs_match(smol):
     log_ratio = ((logp - batch.behaviour_logprobs) * batch.loss_mask).abs()
     assert batch.loss_mask.sum() < (batch.targets != tok.pad_token_id).sum(), "env tokens carry no loss"
     assert log_ratio.max().item() < LOGPROB_TOL
+
+
+def test_top_p_below_one_at_temperature_one_gives_the_learners_logprobs(prompts):
+    """The paper's top_p = 0.95 (T = 1): vLLM's raw log-probs are log_softmax(logits), the learner's
+    recomputation, not renormalised over the nucleus. The engine loads the converted model directory
+    itself (model_source: no temporary copy) in fp32."""
+    from echo2.rollout.vllm_engine import model_source
+
+    mcfg = GGUFModelConfig()
+    tok = load_tokenizer(mcfg)
+    model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
+    cfg = CFG.model_copy(update={"temperature": 1.0, "top_p": 0.9})
+    engine = make_engine(cfg, model=None, tokenizer=tok, version=0, seed=0, model_dir=model_source(mcfg))
+    assert engine.llm.llm_engine.model_config.logprobs_mode == "raw_logprobs"
+    task, ps = prompts
+    torch.manual_seed(0)
+    records = [r for g in collect(engine, task, ps, n=CFG.group_size) for r in g]
+    batch = to_tensors(records, pad_id=tok.pad_token_id, advantages=[0.0] * len(records))
+    with torch.no_grad():
+        logp = response_logprobs(model, batch, temperature=1.0)
+    log_ratio = ((logp - batch.behaviour_logprobs) * batch.loss_mask).abs()
+    assert log_ratio.max().item() < LOGPROB_TOL, f"median {log_ratio[batch.loss_mask > 0].median():.2e}"
+    del engine

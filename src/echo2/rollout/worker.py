@@ -319,8 +319,8 @@ class Worker:
 
     def _build(self) -> None:
         from echo2.data.tasks import make_task
-        from echo2.models import load_model, load_tokenizer
-        from echo2.rollout.vllm_engine import make_engine
+        from echo2.models import load_tokenizer
+        from echo2.rollout.engines import worker_device, worker_engine
 
         cfg = self.run_config
         self.task = make_task(cfg.task, seed=cfg.run.seed)
@@ -330,17 +330,8 @@ class Worker:
 
             self.engine = EmulatedEngine(tok, rate=self.config.emulate, seed=cfg.run.seed)
             return
-        model = load_model(cfg.model, vocab_size=len(tok), seed=cfg.run.seed)
-        dtype = "bfloat16" if cfg.learner.dtype == "bf16" else "float32"  # the dtype snapshots arrive in
-        self.engine = make_engine(
-            cfg.rollout,
-            model=model,
-            tokenizer=tok,
-            version=-1,
-            seed=cfg.run.seed,
-            dtype=dtype,
-            adapters=cfg.learner.lora is not None,  # LoRA runs publish adapter snapshots
-        )
+        # on this machine's GPU if it has one, in the dtype snapshots arrive in (rollout/engines.py)
+        self.engine = worker_engine(cfg, tokenizer=tok, engine=self.config.engine, device=worker_device())
 
     async def step(self, stop: asyncio.Event) -> None:
         """One lease worked through, or a short pause when there is nothing to do."""

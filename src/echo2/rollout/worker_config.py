@@ -4,6 +4,7 @@ start or at a registration (`RelayStartError`, `KeyChanged`). Pure: no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +21,8 @@ class WorkerConfig:
     """Accepts inbound connections: runs a relay server on relay_host:relay_port."""
     give_up_after: float = 300.0
     """Seconds of unreachable coordinator after which a call gives up (and the worker stops)."""
+    engine: Literal["hf", "vllm"] | None = None
+    """The engine this worker generates with (`--engine`); None: the run's rollout.engine."""
     emulate: float | None = None
     """Trajectories/s of an EmulatedEngine instead of a model (capacity experiments only)."""
     throughput: float | None = None
