@@ -260,6 +260,20 @@ def test_worker_dry_run_prints_the_engine_settings_without_connecting(hf_dir, tm
     }
 
 
+def test_a_worker_beside_a_gpu_torch_cannot_use_refuses_to_start(monkeypatch, capsys):
+    """Not silently on the CPU: exit 2 with gpu_env's one-line reason."""
+    from echo2 import gpu_env
+    from echo2.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_env, "probe", lambda: None)
+    monkeypatch.setattr(
+        gpu_env, "refusal", lambda facts, requested: "auto requested, but torch is a CPU build"
+    )
+    assert main([*WORKER, "--engine", "vllm", "--dry-run"]) == 2
+    assert "echo2 worker: auto requested, but torch is a CPU build" in capsys.readouterr().err
+
+
 def test_worker_dry_run_of_the_hf_engine_and_without_a_config(tmp_path, capsys):
     import json
 

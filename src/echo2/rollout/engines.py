@@ -98,8 +98,15 @@ def vllm_dtype(config: LearnerConfig, device: torch.device) -> str:
 
 
 def worker_device() -> torch.device:
-    """An `echo2 worker`'s device: the first visible GPU (CUDA_VISIBLE_DEVICES picks it), else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    """An `echo2 worker`'s device: the first visible GPU (CUDA_VISIBLE_DEVICES picks it), else the
+    CPU; ConfigError (exit 2) with the reason when nvidia-smi lists a GPU torch cannot use (a CPU
+    build of torch, a driver too old for it: gpu_env.py), rather than generating on the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    from echo2 import gpu_env
+
+    gpu_env.check_device("auto", key="echo2 worker")
+    return torch.device("cpu")
 
 
 def with_engine(config: Config, engine: str | None) -> Config:
