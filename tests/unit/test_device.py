@@ -1,17 +1,19 @@
-"""learner.device, learner.dtype and gradient checkpointing on CPU; snapshot dtype and size."""
+"""learner.device, learner.dtype and gradient checkpointing on CPU; the GPU defaults ("auto"/None
+resolved per device); FSDP2's mixed-precision arguments; snapshot dtype and size."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from support import TINY
 
 from echo2.cli import main
-from echo2.config import ConfigError, LearnerConfig
+from echo2.config import ConfigError, LearnerConfig, load_config, read_toml
 from echo2.learning import distributed
-from echo2.learning.device import place, resolve_device, snapshot_state
+from echo2.learning.device import place, resolve_device, resolved, resolved_learner, snapshot_state
 from echo2.learning.step import make_optimizer, train_step
 from echo2.records import Trajectory
 
@@ -78,6 +80,89 @@ def test_cli_refuses_cuda_without_a_gpu_before_writing(tmp_path, capsys):
     assert main(["run", TINY, "--learner.device=cuda", f"--run.dir={run_dir}", "-q"]) == 2
     assert "learner.device" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+QUICKSTART = str(Path(__file__).parents[2] / "configs" / "quickstart.toml")
+
+
+def test_the_cpu_quickstart_resolves_to_exactly_todays_settings():
+    config = load_config(QUICKSTART, {"learner.device": "cpu"})
+    lcfg = config.learner
+    assert (lcfg.dtype, lcfg.gradient_checkpointing, lcfg.micro_batch_tokens) == ("auto", None, None)
+    got = resolved(config).learner
+    assert (got.dtype, got.gradient_checkpointing, got.micro_batch_tokens) == ("fp32", False, 4096)
+    assert resolved(config).model_dump(exclude={"learner"}) == config.model_dump(exclude={"learner"})
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """A machine whose torch sees a GPU (nothing is put on it: only the defaults are resolved)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    return monkeypatch
+
+
+def test_gpu_defaults_on_a_cuda_device(cuda):
+    for device in ("auto", "cuda"):
+        got = resolved_learner(LearnerConfig(device=device))
+        assert (got.dtype, got.gradient_checkpointing, got.micro_batch_tokens) == ("bf16", True, 16384)
+    # learner.device = "cpu" beside a GPU keeps the CPU values; explicit values are never changed
+    cpu = resolved_learner(LearnerConfig(device="cpu"))
+    assert (cpu.dtype, cpu.gradient_checkpointing, cpu.micro_batch_tokens) == ("fp32", False, 4096)
+    mine = LearnerConfig(dtype="fp32", gradient_checkpointing=False, micro_batch_tokens=2048)
+    assert resolved_learner(mine) is mine
+
+
+def test_auto_dtype_is_fp32_on_a_gpu_without_bf16(cuda):
+    cuda.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolved_learner(LearnerConfig(device="cuda")).dtype == "fp32"
+
+
+def test_config_toml_and_workers_get_concrete_values(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["run", TINY, f"--run.dir={run_dir}", "--learner.steps=1", "--run.eval_size=0", "-q"]) == 0
+    learner = read_toml(run_dir / "config.toml")["learner"]
+    assert (learner["dtype"], learner["gradient_checkpointing"], learner["micro_batch_tokens"]) == (
+        ("bf16", True, 16384) if torch.cuda.is_available() else ("fp32", False, 4096)
+    )
+
+
+def test_fsdp_gathers_bf16_and_reduces_fp32_when_the_learner_is_bf16(tiny, monkeypatch):
+    """P1: device.place hands shard the compute dtype, and shard hands fully_shard a
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32); none for fp32."""
+    from torch.distributed import fsdp
+
+    asked = []
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "shard", lambda model, *, param_dtype: asked.append(param_dtype))
+    for dtype in ("bf16", "fp32"):
+        place(
+            copy.deepcopy(tiny[0]),
+            None,
+            None,
+            LearnerConfig(device="cpu", dtype=dtype),
+            make_optimizer=make_optimizer,
+        )
+    assert asked == [torch.bfloat16, None]
+    monkeypatch.undo()
+
+    class Stop(Exception):
+        pass
+
+    policies = []
+
+    def fully_shard(module, **kwargs):
+        policies.append(kwargs.get("mp_policy"))
+        raise Stop  # the arguments are all this test wants
+
+    monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
+    for param_dtype in (torch.bfloat16, None):
+        with pytest.raises(Stop):
+            distributed.shard(copy.deepcopy(tiny[0]), param_dtype=param_dtype)
+    assert policies == [
+        fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        fsdp.MixedPrecisionPolicy(),
+    ]
 
 
 def test_bf16_step_keeps_fp32_state_and_is_close_to_fp32(tiny):

@@ -97,6 +97,20 @@ def test_adapter_state_folds_the_scale_into_b(tiny):
     assert layer.lora_B["default"].weight.abs().sum() > 0
 
 
+def test_the_adapter_is_published_in_the_learners_snapshot_dtype(tiny):
+    """S2: a bf16 learner publishes its adapter in bf16 (half the bytes), an fp32 one in fp32; the
+    learner's own adapter weights stay fp32 either way."""
+    policy = wrapped(tiny)
+    randomise_adapter(policy, seed=4)
+    half = make_snapshot(policy, 1, LearnerConfig(dtype="bf16", device="cpu"))
+    full = make_snapshot(policy, 1, LearnerConfig(dtype="fp32", device="cpu"))
+    assert set(half.state) == set(full.state) and half.is_adapter
+    assert all(v.dtype == torch.bfloat16 and v.device.type == "cpu" for v in half.state.values())
+    assert all(v.dtype == torch.float32 for v in full.state.values())
+    assert all(torch.allclose(half.state[k].float(), v, rtol=1e-2, atol=1e-3) for k, v in full.state.items())
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+
+
 def test_install_changes_outputs_and_the_zero_adapter_restores_the_base_exactly(tiny, rollout_cfg):
     model, tok = tiny
     prompts = [make_task(ArithmeticTaskConfig(), seed=0).train_prompt(i) for i in range(3)]

@@ -286,16 +286,19 @@ class LearnerConfig(_Section):
     """Divide group-centred rewards by the group std (GRPO); false keeps only the centring."""
     adv_eps: float = Field(1e-6, gt=0)
     """Added to the group std before dividing."""
-    micro_batch_tokens: int = Field(4096, ge=16)
-    """Token budget (padded sequence length x rows) of one forward/backward micro-batch."""
+    micro_batch_tokens: int | None = Field(None, ge=16)
+    """Token budget (padded sequence length x rows) of one forward/backward micro-batch. None: 4096
+    on the CPU, 16384 on a GPU (resolved at the learner's start, echo2.learning.device.resolved)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the learner trains: "auto" is cuda when torch sees a GPU, else cpu. "cuda" without a GPU
     is refused at start. Under torchrun each rank uses cuda:LOCAL_RANK."""
-    dtype: Literal["fp32", "bf16"] = "fp32"
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
     """Compute dtype. "bf16": fp32 master weights and fp32 AdamW state, forward and backward under
-    bf16 autocast; snapshots are published in bf16 (half the bytes each chain carries)."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more time."""
+    bf16 autocast (FSDP2 gathers bf16 parameters, reduces fp32 gradients); snapshots are published in
+    bf16 (half the bytes each chain carries). "auto": bf16 on a GPU that supports it, else fp32."""
+    gradient_checkpointing: bool | None = None
+    """Recompute each decoder layer's activations in the backward pass: less memory, ~30% more time.
+    None: on for a GPU, off for the CPU."""
     lora: LoraConfig | None = None
     """Train only a LoRA adapter (peft); snapshots then carry only the adapter. None: full."""
     max_logratio: float | None = Field(1.0, gt=0)

@@ -1,13 +1,16 @@
 """Where and in what precision the learner trains, and the dtype its snapshots are published in.
 
-Owns `learner.device`, `learner.dtype` and `learner.gradient_checkpointing`: resolving the device
-(refusing cuda without a GPU, as a ConfigError naming the key), placing the policy, its reference
-and its optimizer there (sharded by FSDP2 when several processes train, see distributed.py), the
-autocast context of the forward pass, moving a micro-batch to the policy's device, and turning the
-learner's fp32 weights into a snapshot's state dict in the rollout dtype.
+Owns `learner.device`, `learner.dtype`, `learner.gradient_checkpointing` and the default of
+`learner.micro_batch_tokens`: resolving the device (refusing cuda without a GPU, as a ConfigError
+naming the key) and the GPU defaults ("auto"/None become concrete values once, at the learner's
+start: `resolved`), placing the policy, its reference and its optimizer there (sharded by FSDP2
+when several processes train, see distributed.py), the autocast context of the forward pass, moving
+a micro-batch to the policy's device, and turning the learner's fp32 weights into a snapshot's
+state dict in the rollout dtype.
 
 bf16 is fp32 master weights with bf16 autocast: parameters, gradients and AdamW state stay fp32,
-matmuls run in bf16, and log-softmax runs in fp32 (models.token_logprobs casts logits up). Knows
+matmuls run in bf16, and log-softmax runs in fp32 (models.token_logprobs casts logits up). Under
+FSDP2 the gathered parameters are bf16 and gradients are reduced in fp32 (distributed.shard). Knows
 nothing of GRPO, tasks, rollouts or the coordinator.
 """
 
@@ -21,12 +24,16 @@ import os
 import torch
 
 from echo2 import gpu_env
-from echo2.config import ConfigError, LearnerConfig
+from echo2.config import Config, ConfigError, LearnerConfig
 from echo2.learning import distributed
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+# learner.micro_batch_tokens = None by device type (docs/config.md). The CPU value is the one every
+# CPU result so far was measured with; a GPU takes several rows per FSDP gather and reduction.
+MICRO_BATCH_TOKENS = {"cpu": 4096, "cuda": 16384}
 
 
 def resolve_device(config: LearnerConfig) -> torch.device:
@@ -37,6 +44,33 @@ def resolve_device(config: LearnerConfig) -> torch.device:
     if config.device == "cpu" or not has_gpu:
         return torch.device("cpu")
     return torch.device("cuda", distributed.local_rank())
+
+
+def resolved(config: Config) -> Config:
+    """A copy of `config` whose learner.dtype, gradient_checkpointing and micro_batch_tokens are
+    concrete for this machine's learner device: the learner calls it once at start, before
+    config.toml is written, so the run directory and the workers only ever see concrete values."""
+    learner = resolved_learner(config.learner)
+    return config if learner is config.learner else config.model_copy(update={"learner": learner})
+
+
+def resolved_learner(config: LearnerConfig) -> LearnerConfig:
+    """learner.dtype "auto" -> bf16 on a CUDA device that supports it, else fp32;
+    gradient_checkpointing None -> on for CUDA, off for the CPU; micro_batch_tokens None -> 4096 on
+    the CPU, 16384 on CUDA. A config with nothing left to resolve is returned as it is (the device
+    is then not probed again)."""
+    if config.dtype != "auto" and config.gradient_checkpointing is not None and config.micro_batch_tokens:
+        return config
+    kind = resolve_device(config).type
+    cuda = kind == "cuda"
+    update = {}
+    if config.dtype == "auto":
+        update["dtype"] = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    if config.gradient_checkpointing is None:
+        update["gradient_checkpointing"] = cuda
+    if config.micro_batch_tokens is None:
+        update["micro_batch_tokens"] = MICRO_BATCH_TOKENS[kind]
+    return config.model_copy(update=update)
 
 
 def check_start(config: LearnerConfig, *, resume: bool = False) -> None:
@@ -52,23 +86,29 @@ def check_start(config: LearnerConfig, *, resume: bool = False) -> None:
 def place(model, optimizer, ref_model, config: LearnerConfig, *, make_optimizer):
     """(model, optimizer, ref_model) on the learner's device, sharded when several processes train.
 
-    The optimizer is rebuilt over the placed parameters (FSDP2 replaces them with sharded ones);
-    state loaded on resume is carried over on one device. `make_optimizer(model, config)` builds it.
+    One process: moved whole. Several (torchrun): FSDP2 shards each model without ever moving it
+    whole, and rank 0's weights are broadcast into every rank's shards, so ranks > 0 may pass a
+    model built on the meta device (distributed.shard). The optimizer is rebuilt over the placed
+    parameters (FSDP2 replaces them with sharded ones); state loaded on resume is carried over on
+    one device. `make_optimizer(model, config)` builds it.
     """
+    config = resolved_learner(config)
     device = resolve_device(config)
     if config.gradient_checkpointing:
         _checkpoint_activations(model)
-    model.to(device)
-    if ref_model is not None:
-        ref_model.to(device)
     state = optimizer.state_dict() if optimizer is not None else None
     if distributed.world_size() > 1:
         if state and state["state"]:
             raise ConfigError("--resume: resuming a run is not supported under torchrun yet")
-        distributed.shard(model)
+        param_dtype = None if config.dtype == "fp32" else DTYPES[config.dtype]
+        distributed.shard(model, param_dtype=param_dtype)
         if ref_model is not None:
-            distributed.shard(ref_model)
+            distributed.shard(ref_model, param_dtype=param_dtype)
         state = None
+    else:
+        model.to(device)
+        if ref_model is not None:
+            ref_model.to(device)
     optimizer = make_optimizer(model, config)
     if state is not None:
         optimizer.load_state_dict(state)  # moves AdamW state to the parameters' device
@@ -97,9 +137,10 @@ def _device_of(model) -> torch.device:
 
 def precision(model, config: LearnerConfig) -> contextlib.AbstractContextManager:
     """The context a forward pass runs in: bf16 autocast on the model's device, or nothing."""
-    if config.dtype == "fp32":
+    dtype = resolved_learner(config).dtype
+    if dtype == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=_device_of(model).type, dtype=DTYPES[config.dtype])
+    return torch.autocast(device_type=_device_of(model).type, dtype=DTYPES[dtype])
 
 
 def on_device(batch, model):

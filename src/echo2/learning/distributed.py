@@ -3,8 +3,9 @@
 Owns torch.distributed. Under `torchrun --nproc-per-node N` every process runs the same entry point;
 `start` joins the process group (gloo on CPU, nccl on CUDA). Rank 0 runs the learner loop: it alone
 serves the coordinator, writes metrics and checkpoints and publishes snapshots. Every other rank runs
-`follow`, which builds the same policy and obeys rank 0's orders (train on these groups, join a
-gather of the full state dict, stop) and writes nothing. Within a step the micro-batches are dealt
+`follow`, which builds the same learner (learning/build.py) and obeys rank 0's orders (train on
+these groups, join a gather of the full state dict or the LoRA adapter, stop) and writes nothing.
+Sharding never puts a whole model on a rank's device, and only rank 0 reads the weights (`shard`). Within a step the micro-batches are dealt
 out round-robin; a rank with fewer runs a zero-weighted copy, so every rank issues the same
 collectives. FSDP sums (not averages) the gradients, because each micro-batch loss is already
 divided by the step's token count: the update equals the single-process one.
@@ -71,20 +72,92 @@ def stop() -> None:
         dist.destroy_process_group()
 
 
-def shard(model: torch.nn.Module) -> None:
-    """FSDP2 in place: each decoder layer (HF's `_no_split_modules`), then the root, which holds the
-    (possibly tied) embeddings and head. Gradients are summed across ranks, not averaged."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 in place, every rank holding rank 0's weights: each decoder layer (HF's
+    `_no_split_modules`), then the root, which holds the (possibly tied) embeddings and head.
 
+    No rank ever holds the whole model on its device, and ranks > 0 need not hold it anywhere: their
+    `model` may be built on the meta device. Rank 0 keeps a reference to its full weights and moves
+    its model to meta; every rank shards the meta model (fully_shard leaves meta tensors on meta,
+    torch/distributed/fsdp/_fully_shard/_fsdp_init.py `_move_states_to_device`), allocates its
+    shards with `to_empty` on the process group's device, and rank 0's weights are broadcast one
+    tensor at a time into them (`set_model_state_dict(..., broadcast_from_rank0=True)`,
+    torch/distributed/checkpoint/state_dict.py `_load_model_state_dict` -> _state_dict_utils.py
+    `_broadcast_state_dict`, which copies each rank's slice into its local shard). The shape is
+    torchtitan's meta init + to_empty + load, and accelerate's `fsdp2_prepare_model` with
+    cpu_ram_efficient_loading. What the state dict does not carry is put back by hand: tied
+    parameters (re-pointed after each move) and non-persistent buffers (rotary `inv_freq`), sent
+    from rank 0.
+
+    `param_dtype` (bf16): parameters are all-gathered in it and gradients reduce-scattered in fp32
+    (`MixedPrecisionPolicy`, torch/distributed/fsdp/_fully_shard/_fsdp_api.py; torchtitan's
+    default); the sharded parameters and the optimizer stay fp32. Gradients are summed across
+    ranks, not averaged."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    tied = _tied_names(model)
+    full = model.state_dict() if rank() == 0 else {}  # rank 0's weights, kept alive past .to("meta")
+    buffers = _non_persistent_buffers(model) if rank() == 0 else None
+    model.to("meta")  # a no-op on ranks > 0 built on meta
+    _tie(model, tied)
+
+    reduce_dtype = torch.float32 if param_dtype is not None else None
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     layer_types = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in layer_types:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+
+    model.to_empty(device=_comm_device())  # this rank's shards only, uninitialised
+    _tie(model, tied)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=options)
+    del full
+    _put_buffers(model, buffers)
+
+
+def _tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Names of parameters that share one tensor (a tied embedding and head), grouped."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(param), []).append(name)
+    return [names for names in by_tensor.values() if len(names) > 1]
+
+
+def _tie(model: torch.nn.Module, tied: list[list[str]]) -> None:
+    """Point every name of a tied group at its first name's parameter."""
+    for first, *others in tied:
+        param = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, param)
+
+
+def _non_persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers that state_dict leaves out (rotary inv_freq), as CPU copies."""
+    out = {}
+    for owner_name, owner in model.named_modules():
+        for name in owner._non_persistent_buffers_set:
+            buf = owner._buffers.get(name)
+            if buf is not None:
+                out[f"{owner_name}.{name}" if owner_name else name] = buf.detach().to("cpu", copy=True)
+    return out
+
+
+def _put_buffers(model: torch.nn.Module, buffers: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0's non-persistent buffers on every rank, on the communication device."""
+    message = [buffers]
+    dist.broadcast_object_list(message, src=0, device=_comm_device())
+    device = _comm_device()
+    for full_name, value in (message[0] or {}).items():
+        owner, _, name = full_name.rpartition(".")
+        model.get_submodule(owner).register_buffer(name, value.to(device), persistent=False)
 
 
 def share(batches: Iterable[list[int]], records) -> Iterator[tuple[list[int], bool]]:
@@ -131,7 +204,8 @@ def lead(order: Order, payload: Any = None) -> None:
         dist.broadcast_object_list([order.value, payload], src=0, device=_comm_device())
 
 
-def _sharded(model) -> bool:
+def is_sharded(model) -> bool:
+    """Whether `model` is an FSDP2 module (torchrun), so that reading its weights is a collective."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -146,7 +220,7 @@ def _full_options():
 def full_state(model) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict; under FSDP2 a collective ordered by rank 0, on CPU, and
     empty on other ranks."""
-    if not _sharded(model):
+    if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -168,7 +242,7 @@ class _Full:
 def for_checkpoint(model, optimizer) -> tuple[Any, Any]:
     """(model, optimizer) as checkpoint.py saves them: themselves on one process; under FSDP2 their
     full states gathered on rank 0 (optimizer state keyed by parameter name)."""
-    if not _sharded(model):
+    if not is_sharded(model):
         return model, optimizer
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -181,20 +255,19 @@ def for_checkpoint(model, optimizer) -> tuple[Any, Any]:
 
 
 def follow(config) -> dict[str, Any]:
-    """A rank > 0: build the same policy as rank 0 and obey its orders until told to stop."""
-    import copy
-
-    from echo2.learning.device import place
-    from echo2.learning.step import make_optimizer, train_step
+    """A rank > 0: build the same learner as rank 0 (learning/build.py: its policy on the meta
+    device, filled from rank 0's weights as it is sharded) and obey rank 0's orders until told to
+    stop."""
+    from echo2.learning import build
+    from echo2.learning.lora import adapter_state, is_lora
+    from echo2.learning.step import train_step
     from echo2.learning.verify import StepCheck
-    from echo2.models import load_model, load_tokenizer
 
     lcfg = config.learner
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
-    tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
-    model, optimizer, ref_model = place(model, None, ref_model, lcfg, make_optimizer=make_optimizer)
+    learner = build.place(build.load(config), config)
+    model, optimizer = learner.model, learner.optimizer
+    gather = adapter_state if is_lora(model) else full_state  # what rank 0's make_snapshot gathers
     steps = 0
     while True:
         message: list[Any] = [None, None]
@@ -206,14 +279,14 @@ def follow(config) -> dict[str, Any]:
                 optimizer,
                 payload,
                 lcfg,
-                pad_id=tokenizer.pad_token_id,
+                pad_id=learner.tokenizer.pad_token_id,
                 temperature=config.rollout.temperature,
-                ref_model=ref_model,
+                ref_model=learner.ref_model,
                 check=StepCheck(max_logratio=lcfg.max_logratio, staleness=lcfg.staleness),
             )
             steps += 1
         elif order is Order.GATHER:
-            full_state(model)
+            gather(model)
         elif order is Order.SAVE:
             for_checkpoint(model, optimizer)
         else:

@@ -10,7 +10,6 @@ does not know which. Rollout engines only ever see snapshots.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -26,30 +25,31 @@ from echo2.config import Config, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
 from echo2.export import save_merged, write_hf_files
-from echo2.learning import distributed
-from echo2.learning.checkpoint import LearnerState, load_checkpoint, save_checkpoint
-from echo2.learning.device import place, snapshot_state
-from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
+from echo2.learning import build, distributed
+from echo2.learning.checkpoint import save_checkpoint
+from echo2.learning.device import DTYPES, resolve_device, resolved, resolved_learner, snapshot_state
+from echo2.learning.lora import adapter_state, is_lora
 from echo2.learning.source import SourceSpec, make_source
-from echo2.learning.step import make_optimizer, train_step
+from echo2.learning.step import train_step
 from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
-from echo2.models import load_model, load_tokenizer
 from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot
 from echo2.rollout.collect import evaluate
+from echo2.rollout.engines import learner_engine
 from echo2.rollout.episodes import episode_stats
-from echo2.rollout.vllm_engine import make_engine
 from echo2.tracking import Tracker, signal_stats
 
 logger = logging.getLogger(__name__)
 
 
 def make_snapshot(model, version: int, config: LearnerConfig) -> Snapshot:
-    """An immutable copy of the learner's weights in the snapshot dtype (only the adapter under
-    LoRA); the learner keeps training its own."""
+    """An immutable copy of the learner's weights in the snapshot dtype, learner.dtype (only the
+    adapter under LoRA); the learner keeps training its own. Under torchrun a gather every rank
+    takes part in."""
+    config = resolved_learner(config)
     if is_lora(model):
-        return Snapshot(version=version, state=adapter_state(model))
+        return Snapshot(version=version, state=adapter_state(model, dtype=DTYPES[config.dtype]))
     return Snapshot(version=version, state=snapshot_state(model, config))
 
 
@@ -78,23 +78,19 @@ def run(
     """Train for `learner.steps` on rollouts from the source `source_spec` names (default: the
     learner's own engine). A config mistake (task, model path, tokenizer) raises `ConfigError`
     before anything is written to `run_dir`."""
+    config = resolved(config)  # learner.dtype "auto" etc. -> this machine's values, as config.toml says
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
     if distributed.start(lcfg) > 0:  # torchrun: ranks > 0 obey rank 0 and write nothing
         return distributed.follow(config)
 
-    # ---- task, tokenizer, policy, optimizer: all loaded (and so checked) before run_dir is touched
+    # ---- task, tokenizer, policy (+ LoRA), reference, a resumed checkpoint: all loaded (and so
+    # checked) before run_dir is touched (learning/build.py, the same builder every rank uses)
     task = make_task(config.task, seed=config.run.seed)
     eval_prompts = task.eval_prompts(config.run.eval_size)
-    tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
-    if lcfg.lora is not None:
-        model = apply_lora(model, lcfg.lora)
-    optimizer = make_optimizer(model, lcfg)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
-    state, source_state = LearnerState(), None
+    learner = build.load(config, resume_from=run_dir if resume else None)
+    tokenizer, state = learner.tokenizer, learner.state
     if resume:
-        state, source_state = load_checkpoint(run_dir, model=model, optimizer=optimizer)
         logger.info("resumed %s at step %d (version %d)", run_dir, state.step, state.version)
     # ---- the run directory, the rollout source (a coordinator binds its port): a failure here
     # removes the run directory again if this start created it
@@ -102,18 +98,18 @@ def run(
         config_toml = dump_toml(config)
         (run_dir / "config.toml").write_text(config_toml)
 
-        engine = make_engine(
-            rcfg,
-            model=engine_copy(model),
+        # the engine copies the CPU policy before it is placed (under torchrun: hf on this GPU)
+        engine = learner_engine(
+            config,
+            model=learner.model,
             tokenizer=tokenizer,
             version=state.version,
-            seed=config.run.seed,
-            dtype="bfloat16" if lcfg.dtype == "bf16" else "float32",  # the dtype snapshots arrive in
-            adapters=lcfg.lora is not None,
+            device=resolve_device(lcfg),
         )
         if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
-            engine.install(make_snapshot(model, state.version, lcfg))
-        model, optimizer, ref_model = place(model, optimizer, ref_model, lcfg, make_optimizer=make_optimizer)
+            engine.install(make_snapshot(learner.model, state.version, lcfg))
+        learner = build.place(learner, config)
+        model, optimizer, ref_model = learner.model, learner.optimizer, learner.ref_model
         buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
         buffer.set_learner_version(state.version)
         source = make_source(
@@ -126,8 +122,8 @@ def run(
             run_dir=run_dir,
             tokenizer=tokenizer,
         )
-        if source_state is not None:
-            source.load_state_dict(source_state)
+        if learner.source_state is not None:
+            source.load_state_dict(learner.source_state)
         if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
             # the scheduler sizes the pool from T_train before the first step can be timed
             from echo2.learning.calibrate import time_train_step

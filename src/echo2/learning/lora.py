@@ -1,7 +1,8 @@
 """LoRA: the learner trains a peft adapter, snapshots carry only the adapter, engines merge it.
 
 Owns the learner's side of LoRA: wrapping the policy with peft (`apply_lora`, only adapter
-parameters trainable) and the adapter snapshot (`adapter_state`). The rollout side's install lives
+parameters trainable) and the adapter snapshot (`adapter_state`, gathered from every rank under
+torchrun and published in the learner's snapshot dtype). The rollout side's install lives
 in echo2/models.py (`merge_adapter`: weight = base + B @ A, recomputed from the base each time,
 never accumulated), which both planes import; it needs no peft. Knows nothing of tasks, optimizers
 or transport: an adapter snapshot is a plain state dict and travels like any other.
@@ -73,14 +74,27 @@ def lora_layers(model):
 
 @torch.no_grad()
 def adapter_state(model, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The adapter snapshot of a peft-wrapped policy: fresh copies, scale folded into B."""
+    """The adapter snapshot of a peft-wrapped policy: fresh CPU copies in `dtype` (default: the
+    weights' own), scale folded into B.
+
+    Under FSDP2 each adapter weight is a DTensor shard: every rank takes part in gathering it with
+    `full_tensor()` (an all-gather; rank 0 orders it with GATHER, and every rank walks the layers in
+    the same order) and only rank 0 gets the adapter; the others get {}."""
+    from torch.distributed.tensor import DTensor
+
+    from echo2.learning import distributed
+
+    sharded = distributed.is_sharded(model)
+    if sharded and distributed.rank() == 0:
+        distributed.lead(distributed.Order.GATHER)
     state = {}
     for name, layer in lora_layers(model):
-        a = layer.lora_A[ADAPTER].weight
-        b = layer.lora_B[ADAPTER].weight * layer.scaling[ADAPTER]
-        state[name + LORA_A] = a.detach().to(dtype or a.dtype, copy=True).contiguous()
-        state[name + LORA_B] = b.detach().to(dtype or b.dtype, copy=True).contiguous()
-    return state
+        a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+        a, b = (t.full_tensor() if isinstance(t, DTensor) else t for t in (a, b))
+        b = b * layer.scaling[ADAPTER]
+        state[name + LORA_A] = a.detach().to("cpu", dtype=dtype or a.dtype, copy=True).contiguous()
+        state[name + LORA_B] = b.detach().to("cpu", dtype=dtype or b.dtype, copy=True).contiguous()
+    return state if distributed.rank() == 0 else {}
 
 
 def engine_copy(model):

@@ -18,7 +18,7 @@ from echo2.config import LearnerConfig
 from echo2.data.tasks.base import TrainBatch, to_tensors
 from echo2.learning import distributed
 from echo2.learning.corrections import ratio_diagnostics
-from echo2.learning.device import on_device, precision
+from echo2.learning.device import on_device, precision, resolved_learner
 from echo2.learning.grpo import batch_advantages, group_advantages, grpo_loss
 from echo2.learning.verify import StepCheck, finite, logratio_outliers
 from echo2.models import token_logprobs
@@ -74,6 +74,7 @@ def train_step(
     one optimizer update, so the learner's weights at the start of the step are those of this
     forward pass and log pi_prox is its detached log pi_theta.
     """
+    config = resolved_learner(config)  # a config built in code may still say "auto"/None
     rewards = torch.tensor([[r.reward for r in g] for g in groups])
     by_batch = groups[0][0].metadata.get("grouping") == "batch"  # the task's grouping tag (F.5.2)
     normalise = batch_advantages if by_batch else group_advantages

@@ -1,0 +1,96 @@
+"""The learner on every rank: tokenizer, policy (with its LoRA adapter), reference model and
+optimizer, loaded and then placed on the learner's device.
+
+Two steps, because rank 0 builds its rollout engine from the CPU policy in between (loop.run):
+`load` reads everything a config can get wrong before the run directory is touched, and `place`
+puts it on the device (device.place: moved whole on one process, sharded by FSDP2 under torchrun).
+`distributed.follow` (ranks > 0) calls the same two, so every rank builds the same policy: with the
+same LoRA adapter, reference and gradient checkpointing as rank 0.
+
+Under torchrun only rank 0 reads the weights. Ranks > 0 build the same architecture on the meta
+device (no memory, no weights read) and receive rank 0's weights straight into their shards when
+placed (distributed.shard), so no rank ever holds a second full copy on its CPU or device. Knows
+nothing of rollouts, tasks or the coordinator.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from echo2.config import Config
+from echo2.learning import distributed
+from echo2.learning.checkpoint import LearnerState, load_checkpoint
+from echo2.learning.device import place as place_on_device
+from echo2.learning.lora import apply_lora
+from echo2.learning.step import make_optimizer
+from echo2.models import load_model, load_tokenizer
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Learner:
+    """What `load` builds and `place` moves. Before `place`: the policy in fp32 on the CPU (on the
+    meta device on ranks > 0 under torchrun); after: on the learner's device, with its optimizer."""
+
+    tokenizer: Any
+    model: Any
+    ref_model: Any | None
+    """The frozen reference of the KL penalty (learner.kl_beta > 0): the policy as loaded."""
+    optimizer: torch.optim.Optimizer | None
+    """None until placed, unless a checkpoint's state was loaded into it (resume)."""
+    state: LearnerState = dataclasses.field(default_factory=LearnerState)
+    source_state: dict[str, Any] | None = None
+    """The rollout source's state from the checkpoint (resume), else None."""
+
+
+def load(config: Config, *, resume_from: Path | None = None) -> Learner:
+    """Tokenizer, policy (+ LoRA), reference and, on resume, the checkpoint's weights, optimizer
+    state and counters. A config mistake raises ConfigError here, before anything is written."""
+    lcfg = config.learner
+    tokenizer = load_tokenizer(config.model)
+    model = _policy(config, vocab_size=len(tokenizer), empty=distributed.rank() > 0)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if lcfg.kl_beta > 0 else None
+    learner = Learner(tokenizer=tokenizer, model=model, ref_model=ref_model, optimizer=None)
+    if resume_from is not None:  # refused under torchrun (device.check_start)
+        learner.optimizer = make_optimizer(model, lcfg)
+        learner.state, learner.source_state = load_checkpoint(
+            resume_from, model=model, optimizer=learner.optimizer
+        )
+    return learner
+
+
+def place(learner: Learner, config: Config) -> Learner:
+    """The learner on its device (sharded under torchrun, a collective every rank calls), with an
+    optimizer over the placed parameters."""
+    learner.model, learner.optimizer, learner.ref_model = place_on_device(
+        learner.model, learner.optimizer, learner.ref_model, config.learner, make_optimizer=make_optimizer
+    )
+    return learner
+
+
+def _policy(config: Config, *, vocab_size: int, empty: bool):
+    """The policy, LoRA-wrapped when learner.lora is set; `empty`: on the meta device, weights unread."""
+    if not empty:
+        model = load_model(config.model, vocab_size=vocab_size, seed=config.run.seed)
+        return apply_lora(model, config.learner.lora) if config.learner.lora is not None else model
+    with torch.device("meta"):  # every tensor created here is meta, peft's adapters included
+        model = _architecture(config, vocab_size=vocab_size)
+        return apply_lora(model, config.learner.lora) if config.learner.lora is not None else model
+
+
+def _architecture(config: Config, *, vocab_size: int):
+    """The policy's module tree as `load_model` builds it, from its config alone (call under
+    `torch.device("meta")`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from echo2.models import _hf_source, gguf_model_dir
+
+    mcfg = config.model
+    if mcfg.type == "tiny":  # built from a config already: nothing is read
+        return load_model(mcfg, vocab_size=vocab_size, seed=config.run.seed)
+    src = _hf_source(mcfg.path) if mcfg.type == "hf" else str(gguf_model_dir(mcfg.file, mcfg.cache_dir))
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32)
