@@ -118,7 +118,7 @@ def test_auto_dtype_is_fp32_on_a_gpu_without_bf16(cuda):
     assert resolved_learner(LearnerConfig(device="cuda")).dtype == "fp32"
 
 
-def test_config_toml_and_workers_get_concrete_values(tmp_path):
+def test_config_toml_holds_the_resolved_values(tmp_path):
     run_dir = tmp_path / "run"
     assert main(["run", TINY, f"--run.dir={run_dir}", "--learner.steps=1", "--run.eval_size=0", "-q"]) == 0
     learner = read_toml(run_dir / "config.toml")["learner"]
