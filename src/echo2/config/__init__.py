@@ -1,6 +1,7 @@
 """Run configuration: one TOML file, validated by pydantic, overridable by `--section.key=value`.
 
-schema.py owns every section's model and the rules between fields; files.py reads TOML files and
+schema.py owns every section's model and the rules between fields (the model and task sections
+in workload.py); files.py reads TOML files and
 command-line overrides and writes the resolved config. Imports no torch, so `echo2 run --dry-run`
 and `--help` stay instant. A user mistake raises `ConfigError` whose message names the dotted key;
 the CLI turns it into exit status 2 before anything starts.
