@@ -211,6 +211,46 @@ def merge_adapter(model, state: dict[str, torch.Tensor], base: dict[str, torch.T
         if name not in base:
             base[name] = weight.detach().clone()
         a, b = state[name + LORA_A], state[name + LORA_B]
-        weight.copy_(base[name]).addmm_(b.to(weight.dtype), a.to(weight.dtype))  # no temporary
+        weight.copy_(base[name]).addmm_(b.to(weight.device, weight.dtype), a.to(weight.device, weight.dtype))
     for name in base.keys() - names:
         model.get_submodule(name).weight.copy_(base[name])
+
+
+def tied_names(model) -> dict[str, str]:
+    """Each parameter name that is another's tied alias -> the name kept, e.g. {"lm_head.weight":
+    "model.embed_tokens.weight"} under `tie_word_embeddings`. Found by parameter identity, so it
+    holds under FSDP2 too (fully_shard sets one sharded parameter on every module sharing it:
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py `_setattr_on_modules`), where the full
+    state dict may have lost the shared storage (each key is gathered on its own). The name kept
+    is the first in module order, as vLLM picks it (vllm/model_executor/models/utils.py
+    `_get_tied_embedding_params`)."""
+    first: dict[int, str] = {}
+    return {
+        name: kept
+        for name, param in model.named_parameters(remove_duplicate=False)
+        if (kept := first.setdefault(id(param), name)) != name
+    }
+
+
+@torch.no_grad()
+def install_state(model, state) -> None:
+    """Copy a full snapshot into `model`'s parameters and buffers, one tensor at a time.
+
+    `state` is a mapping name -> tensor: a dict, or a lazy one that reads each tensor when it is
+    looked up and has `shapes` (name -> shape) (rollout/safetensors_view.py), so at most one snapshot
+    tensor is held at once. It must hold every state-dict key of the model except tied aliases
+    (`tied_names`; one that is sent anyway is copied like any other), and nothing else; keys and
+    shapes are checked first, and a ValueError names the first wrong one before anything changes."""
+    targets = model.state_dict(keep_vars=True)
+    tied = tied_names(model)
+    missing = sorted(targets.keys() - tied.keys() - set(state.keys()))
+    unexpected = sorted(set(state.keys()) - targets.keys())
+    if missing or unexpected:
+        raise ValueError(f"snapshot: missing {missing[:5]}, unexpected {unexpected[:5]} (first five)")
+    shapes = state.shapes if hasattr(state, "shapes") else {k: v.shape for k, v in state.items()}
+    for name in state.keys():
+        got, want = tuple(shapes[name]), tuple(targets[name].shape)
+        if got != want:
+            raise ValueError(f"snapshot: {name} has shape {got}, the model's is {want}")
+    for name in state.keys():
+        targets[name].copy_(state[name])  # casts to the model's dtype and device

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -89,8 +90,11 @@ class Snapshot:
     loaded at start. Both travel as the same bytes (a safetensors file of `state`)."""
 
     version: int
-    state: dict[str, Any]
-    """Parameter name -> tensor, detached copies never written again."""
+    state: Mapping[str, Any]
+    """Parameter name -> tensor, detached copies never written again: a dict, or (a received
+    snapshot) a lazy mapping that reads each tensor when it is looked up
+    (rollout/safetensors_view.py). A full state leaves out tied aliases (`lm_head.weight` under
+    tie_word_embeddings): each weight travels once, and the engines load the weight it shares."""
 
     @property
     def is_adapter(self) -> bool:

@@ -37,6 +37,52 @@ def sha256_hex(b: bytes | memoryview) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+class SnapshotBytes:
+    """A snapshot's bytes held as its consecutive chunks, never joined: `read` copies out one byte
+    range, so a worker installs tensor by tensor from the chunks its relay holds anyway, with no
+    second copy of the snapshot (rollout/safetensors_view.py). Holds the chunk objects by
+    reference; whoever builds it vouches for them (`ChunkStore.snapshot`: every one verified)."""
+
+    __slots__ = ("_chunks", "_chunk_size", "size")
+
+    def __init__(self, chunks: list[bytes], chunk_size: int) -> None:
+        if chunk_size <= 0 or any(len(c) != chunk_size for c in chunks[:-1]):
+            raise ValueError("every chunk but the last must be chunk_size bytes")
+        self._chunks, self._chunk_size = chunks, chunk_size
+        self.size = sum(len(c) for c in chunks)
+
+    @classmethod
+    def of(cls, data: bytes) -> SnapshotBytes:
+        """Bytes held whole (one chunk)."""
+        return cls([data] if data else [], max(len(data), 1))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, start: int, end: int) -> bytearray:
+        """A fresh, writable copy of bytes [start, end)."""
+        if not 0 <= start <= end <= self.size:
+            raise ValueError(f"byte range [{start}, {end}) outside a snapshot of {self.size} bytes")
+        out = bytearray(end - start)
+        at, c = start, self._chunk_size
+        while at < end:
+            index, offset = divmod(at, c)
+            piece = memoryview(self._chunks[index])[offset : offset + end - at]
+            out[at - start : at - start + len(piece)] = piece
+            at += len(piece)
+        return out
+
+    def sha256(self) -> str:
+        """SHA-256 of the whole snapshot, fed chunk by chunk."""
+        h = hashlib.sha256()
+        for chunk in self._chunks:
+            h.update(chunk)
+        return h.hexdigest()
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self._chunks)
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

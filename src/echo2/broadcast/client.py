@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from echo2.broadcast.bucket import TokenBucket
-from echo2.broadcast.chunks import Manifest, VerificationError, manifest_of
+from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, manifest_of
 from echo2.broadcast.meter import ParentFailed, RelayMeter
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
@@ -148,10 +148,10 @@ class BroadcastClient:
         except NotKept:
             raise BroadcastError(f"version {version} is no longer kept by the learner") from None
 
-    async def report_installed(self, version: int, data: bytes) -> None:
+    async def report_installed(self, version: int, data: SnapshotBytes | bytes) -> None:
         """Tell the coordinator this worker runs `version` now (its T_bcast) and how the chunks came."""
         digest = self.digests.get(version) or await asyncio.to_thread(
-            lambda: hashlib.sha256(data).hexdigest()
+            data.sha256 if isinstance(data, SnapshotBytes) else lambda: hashlib.sha256(data).hexdigest()
         )
         req = InstalledRequest(
             worker_id=self.worker_id,
@@ -162,8 +162,9 @@ class BroadcastClient:
         await self.coordinator.report_installed(req)
 
     # ------------------------------------------------------------------ receiving
-    async def fetch(self, version: int) -> bytes:
-        """Receive `version` (resuming from chunks already held) and return its verified bytes.
+    async def fetch(self, version: int) -> SnapshotBytes:
+        """Receive `version` (resuming from chunks already held) and return it once every chunk is
+        verified, as its chunks (`bytes(data)` joins them).
 
         Raises VerificationError if the manifest's signature is bad (nothing is stored),
         BroadcastError if the learner no longer keeps the version or `max_failures` parents failed,
@@ -186,12 +187,10 @@ class BroadcastClient:
                     await asyncio.sleep(self.coordinator.retry.delay(failures))
                 route = await self._route(version, (route.parent_id, failed))
 
-        # Joined and hashed once, off the event loop (relays go on); the hash goes in the install report.
-        def join() -> tuple[bytes, str]:
-            data = self.store.assemble(version)
-            return data, hashlib.sha256(data).hexdigest()
-
-        data, self.digests[version] = await asyncio.to_thread(join)
+        # Not joined (the install reads it tensor by tensor); hashed once, off the event loop
+        # (relays go on); the hash goes in the install report.
+        data = self.store.snapshot(version)
+        self.digests[version] = await asyncio.to_thread(data.sha256)
         for old in [v for v in self.digests if v < version - 8]:
             del self.digests[old]
         return data
@@ -305,7 +304,7 @@ class BroadcastClient:
     async def follow(
         self,
         stop: asyncio.Event,
-        install: Callable[[int, bytes], Awaitable[None]],
+        install: Callable[[int, SnapshotBytes], Awaitable[None]],
         *,
         retry_s: float = 1.0,
     ) -> None:
@@ -316,7 +315,7 @@ class BroadcastClient:
         lock = asyncio.Lock()
         self._newest = -1
 
-        async def report(version: int, data: bytes) -> None:
+        async def report(version: int, data: SnapshotBytes) -> None:
             """The install report alone (the snapshot is installed already; the client retries
             transient failures, and a refusal cannot be helped by sending it again)."""
             try:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 
+from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.client import BroadcastClient, sleep_unless
 from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
 from echo2.rollout.worker import Worker, WorkerConfig
@@ -79,7 +80,7 @@ class BroadcastPeer(Worker):
         """Nothing to lease: the broadcast task does the work; wait."""
         await sleep_unless(stop, self.heartbeat_interval)
 
-    async def install_snapshot(self, version: int, data: bytes) -> None:
+    async def install_snapshot(self, version: int, data: SnapshotBytes) -> None:
         self.installed[version] = self.bcast.digests[version]  # hashed once, in fetch
 
 

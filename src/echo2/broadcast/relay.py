@@ -22,7 +22,7 @@ API, all coroutines run in one event loop::
     client = BroadcastClient(coordinator, worker_id, store, public_key=public_key,
                              download_bucket=None, progress_timeout=10.0)
     v = await client.wait_published(after=-1)      # long poll: the newest published version
-    data = await client.fetch(v)                    # the snapshot's bytes, every chunk verified
+    data = await client.fetch(v)                    # SnapshotBytes: its chunks, every one verified
     await client.report_installed(v, data)          # once the snapshot is installed (T_bcast)
     await client.follow(stop, install)              # or: all of the above for every new version
     await coordinator.close(); await relay.stop()
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from echo2.broadcast.bucket import TokenBucket
-from echo2.broadcast.chunks import Manifest, VerificationError, verify_chunk
+from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, verify_chunk
 from echo2.broadcast.stream import BadRange, parse_range, serve_stream
 
 logger = logging.getLogger(__name__)
@@ -133,14 +133,19 @@ class ChunkStore:
     def complete(self, version: int) -> bool:
         return version in self.manifests and self.first_missing(version) is None
 
-    def assemble(self, version: int) -> bytes:
-        """The snapshot's bytes (VerificationError if a chunk is missing). Every chunk was verified
-        against the signed manifest when it was stored (`put`), so it is not hashed again here."""
+    def snapshot(self, version: int) -> SnapshotBytes:
+        """The complete snapshot as its chunks, not joined (VerificationError if a chunk is
+        missing). Every chunk was verified against the signed manifest when it was stored (`put`),
+        so it is not hashed again here; the chunks stay readable if the store drops the version."""
         missing = self.first_missing(version)
         if missing is not None:
             raise VerificationError(f"version {version}: chunk {missing} missing")
-        held = self.chunks[version]
-        return b"".join(held[i] for i in range(self.manifests[version].num_chunks))
+        manifest, held = self.manifests[version], self.chunks[version]
+        return SnapshotBytes([held[i] for i in range(manifest.num_chunks)], manifest.chunk_size)
+
+    def assemble(self, version: int) -> bytes:
+        """The snapshot's bytes joined (VerificationError if a chunk is missing)."""
+        return bytes(self.snapshot(version))
 
     async def wait_chunk(self, version: int, index: int, timeout: float) -> bytes | None:
         """Chunk `index` of `version` once held; None if it did not arrive within `timeout`;

@@ -41,9 +41,11 @@ logger = logging.getLogger(__name__)
 
 
 def serialise(snapshot: Snapshot) -> bytes:
+    """The snapshot as safetensors bytes, each weight once: `snapshot_state` leaves tied aliases
+    out (and copies every tensor, so none shares storage, which safetensors' `save` refuses)."""
     from safetensors.torch import save
 
-    return save(snapshot.state)  # make_snapshot() cloned every tensor, so tied weights share no storage
+    return save(dict(snapshot.state))
 
 
 class RemoteRollout:

@@ -157,14 +157,21 @@ def on_device(batch, model):
 
 
 def snapshot_state(model, config: LearnerConfig) -> dict[str, torch.Tensor]:
-    """The learner's full weights as new CPU tensors in the snapshot dtype (learner.dtype).
+    """The learner's full weights as new CPU tensors in the snapshot dtype (learner.dtype), each
+    once: a tied alias (lm_head.weight under tie_word_embeddings) is left out, since every engine
+    loads the weight it shares (models.install_state, vllm_ext.py).
 
     Under FSDP2 every rank takes part in the gather (rank 0 orders it) and only rank 0 gets the
-    weights; the others get {}.
+    weights; the others get {}. The aliases are found on the model (`tied_names`): the gathered
+    full state holds them as separate tensors.
     """
+    from echo2.models import tied_names
+
     dtype = DTYPES[config.dtype]
+    tied = tied_names(model)
     state = distributed.full_state(model)
     return {
         k: v.detach().to("cpu", dtype=dtype if v.is_floating_point() else v.dtype, copy=True)
         for k, v in state.items()
+        if k not in tied
     }

