@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from echo2.broadcast import plan as bp
 from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, ScoreParams
+from echo2.config.schema import SLOW_RELAY_FRACTION
 
 MB = 1_000_000
 
@@ -127,9 +128,13 @@ def test_a_slow_report_is_a_failure_and_demotes_for_one_plan():
 
 
 def test_relay_floor_is_a_fraction_of_the_measured_peers_rate():
-    assert bp.relay_floor(12.5 * MB) == pytest.approx(0.75 * 12.5 * MB) == pytest.approx(9.375 * MB)
+    assert (
+        bp.relay_floor(12.5 * MB, SLOW_RELAY_FRACTION)
+        == pytest.approx(0.75 * 12.5 * MB)
+        == pytest.approx(9.375 * MB)
+    )
     assert bp.relay_floor(12.5 * MB, 0.5) == pytest.approx(6.25 * MB)
-    assert bp.relay_floor(None) is None  # not measured: a configured Bw is no evidence
+    assert bp.relay_floor(None, SLOW_RELAY_FRACTION) is None  # not measured: a configured Bw is no evidence
     assert bp.relay_floor(12.5 * MB, 0.0) is None  # demotion off
 
 

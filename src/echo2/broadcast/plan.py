@@ -23,9 +23,6 @@ NEUTRAL_SCORE = 55.0
 """Score of a worker with no history: below a relay with a clean record at its peers' rate (100; 61
 even after 10 idle minutes with a single success), above one at a tenth of it (50), so newcomers
 are tried before slow relays."""
-SLOW_RELAY_FRACTION = 0.75
-"""A relay delivering chunks to its child below this fraction of its peers' rate is demoted (it
-would stretch its chain's broadcast by more than 1 / 0.75 = 1.33x): see `relay_floor`."""
 PEER_RATE_SAMPLES = 3
 """Relay transfers measured before the peers' rate counts (for Speed and the relay floor)."""
 
@@ -136,10 +133,11 @@ class PeerStats:
         return min(100.0, max(0.0, self.decay(now) * raw))
 
 
-def relay_floor(peer_bps: float | None, fraction: float = SLOW_RELAY_FRACTION) -> float | None:
+def relay_floor(peer_bps: float | None, fraction: float) -> float | None:
     """The rate (bytes/s) below which a relay's chunks reach its child too slowly: `fraction` of
     the peers' measured rate (the rate its chain was planned at). None when there is nothing to
-    measure against yet or demotion is off (`fraction` 0): a configured Bw is no evidence."""
+    measure against yet or demotion is off (`fraction` 0): a configured Bw is no evidence. `fraction`
+    is `broadcast.slow_relay_fraction` (default `config.schema.SLOW_RELAY_FRACTION`)."""
     if peer_bps is None or peer_bps <= 0 or fraction <= 0:
         return None
     return fraction * peer_bps

@@ -13,7 +13,6 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from echo2.broadcast.plan import SLOW_RELAY_FRACTION
 from echo2.config.base import ConfigError, _Section
 from echo2.config.workload import (
     ArithmeticTaskConfig,
@@ -274,6 +273,12 @@ class SchedulerConfig(_Section):
 
 
 # ---------------------------------------------------------------------------- broadcast
+SLOW_RELAY_FRACTION = 0.75
+"""Default of `broadcast.slow_relay_fraction`: a relay delivering chunks to its child below this
+fraction of its peers' rate is demoted (it would stretch its chain's broadcast by more than
+1 / 0.75 = 1.33x): see `broadcast.plan.relay_floor`."""
+
+
 class BroadcastConfig(_Section):
     """How snapshots reach the workers (paper 4.2, Appendix C.3; docs/architecture.md). Rates in
     Mbit/s (10^6 bits per second)."""

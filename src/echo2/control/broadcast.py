@@ -51,13 +51,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.broadcast.chunks import Manifest, make_manifest
 from echo2.broadcast.plan import (
     PEER_RATE_SAMPLES,
-    SLOW_RELAY_FRACTION,
     ChainPlan,
     PeerInfo,
     PeerStats,
     plan_broadcast,
     relay_floor,
 )
+from echo2.config.schema import SLOW_RELAY_FRACTION
 from echo2.control.transfers import Credit, TransferLedger
 
 QUANTILES = (0.9, 1.0)
