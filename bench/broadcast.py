@@ -10,7 +10,7 @@ What runs (`run_bench`):
   every worker reported installing it. T_bcast at q = 0.9 and q = 1 is the coordinator's own
   measurement, from publication to install report (control/broadcast.py). It prints one JSON line
   and exits.
-* **N broadcast-only workers** (`python -m echo2.broadcast.peer --inbound`): each registers as a
+* **N broadcast-only workers** (`python -m echo2.rollout.broadcast_peer --inbound`): each registers as a
   relay, follows the published versions, receives each from the parent the coordinator names,
   relays it to its child while receiving, and reports the install.
 
@@ -273,7 +273,7 @@ def run_bench(
 def _worker_args(url: str, i: int, relay_host: str) -> list[str]:
     return [
         "-m",
-        "echo2.broadcast.peer",
+        "echo2.rollout.broadcast_peer",
         f"--coordinator={url}",
         f"--name=w{i:02d}",
         "--inbound",

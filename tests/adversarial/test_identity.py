@@ -172,7 +172,7 @@ def test_honest_relays_are_credited_through_both_accounts():
     import asyncio
     import random
 
-    from echo2.broadcast.peer import BroadcastPeer
+    from echo2.rollout.broadcast_peer import BroadcastPeer
 
     state = make_state(
         broadcast=BroadcastPolicy(mode="chain", chunk_size=64 * 1024, uplink_budget_bps=1e6, worker_bps=1e6)

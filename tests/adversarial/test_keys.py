@@ -17,12 +17,12 @@ import pytest
 from hostile_relay import KeySwapProxy
 from support import make_state
 
-from echo2.broadcast.peer import BroadcastPeer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
 from echo2.control.coordinator import Coordinator
 from echo2.control.identity import fingerprint
 from echo2.control.protocol import RegisterRequest
+from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker import KeyChanged
 
 TOKEN = "key-token"

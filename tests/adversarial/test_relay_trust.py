@@ -13,9 +13,9 @@ import pytest
 from hostile_relay import HostileRelay, bearer, keep_alive, register_relay
 from support import make_state
 
-from echo2.broadcast.peer import BroadcastPeer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
+from echo2.rollout.broadcast_peer import BroadcastPeer
 
 TOKEN = "relay-trust-token"
 CHUNK = 512 * 1024

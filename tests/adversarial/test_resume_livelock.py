@@ -13,10 +13,10 @@ import random
 import pytest
 from support import make_state
 
-from echo2.broadcast.peer import BroadcastPeer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.errors import Invalid
+from echo2.rollout.broadcast_peer import BroadcastPeer
 
 TOKEN = "epoch-token"
 CHUNK = 64 * 1024

@@ -21,11 +21,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support import make_state
 
-from echo2.broadcast.peer import BroadcastPeer
 from echo2.broadcast.relay import RelayServer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState
+from echo2.rollout.broadcast_peer import BroadcastPeer
 
 TOKEN = "bcast-token"
 CHUNK = 64 * 1024
@@ -484,17 +484,25 @@ def test_relay_asks_no_credential_but_a_valid_range():
 
 
 def test_broadcast_only_worker_process():
-    """`python -m echo2.broadcast.peer` (what the broadcast bench runs per host) imports no torch,
+    """`python -m echo2.rollout.broadcast_peer` (what the broadcast bench runs per host) imports no torch,
     registers as a relay, installs and reports a snapshot, and exits 0 on SIGTERM."""
     import signal
     import subprocess
     import sys
     import time
 
-    check = "import sys, echo2.broadcast.peer; assert 'torch' not in sys.modules"
+    check = "import sys, echo2.rollout.broadcast_peer; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
     server, state = start_coordinator(mode="chain", chains=1)
-    cmd = [sys.executable, "-m", "echo2.broadcast.peer", "--coordinator", server.url, "--token", TOKEN]
+    cmd = [
+        sys.executable,
+        "-m",
+        "echo2.rollout.broadcast_peer",
+        "--coordinator",
+        server.url,
+        "--token",
+        TOKEN,
+    ]
     proc = subprocess.Popen([*cmd, "--name", "proc", "--inbound", "--relay-host", "127.0.0.1", "-q"])
     try:
         deadline = time.monotonic() + 60

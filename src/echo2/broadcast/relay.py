@@ -8,7 +8,7 @@ chunk against the signed manifest before storing it (so before its own relay can
 on a dead, stalled or lying parent reports it and resumes from its first missing chunk with the new
 parent the coordinator names. `echo2 worker` uses these three; `BroadcastPeer` is a whole
 broadcast-only worker built from them (what `python bench/broadcast.py` runs, one per host or network
-namespace), and `python -m echo2.broadcast.peer --coordinator URL --token T --name N [--inbound]`
+namespace), and `python -m echo2.rollout.broadcast_peer --coordinator URL --token T --name N [--inbound]`
 runs one as a process.
 
 API, all coroutines run in one event loop::

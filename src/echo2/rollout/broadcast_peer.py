@@ -1,5 +1,5 @@
 """A broadcast-only worker (no model): `BroadcastPeer`, a `Worker` without an engine, and
-`python -m echo2.broadcast.peer`, which runs one as a process (what `python bench/broadcast.py` starts
+`python -m echo2.rollout.broadcast_peer`, which runs one as a process (what `python bench/broadcast.py` starts
 per host or network namespace). The API is in relay.py's docstring.
 
 It shares the rollout worker's loop (rollout/worker.py): registration, heartbeats, snapshot
@@ -85,8 +85,10 @@ class BroadcastPeer(Worker):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m echo2.broadcast.peer`: one broadcast-only worker until SIGTERM/Ctrl-C."""
-    p = argparse.ArgumentParser(prog="python -m echo2.broadcast.peer", description=BroadcastPeer.__doc__)
+    """`python -m echo2.rollout.broadcast_peer`: one broadcast-only worker until SIGTERM/Ctrl-C."""
+    p = argparse.ArgumentParser(
+        prog="python -m echo2.rollout.broadcast_peer", description=BroadcastPeer.__doc__
+    )
     p.add_argument("--coordinator", required=True, metavar="URL")
     p.add_argument("--token", default=os.environ.get("ECHO2_TOKEN"))
     p.add_argument("--name", required=True)
