@@ -11,23 +11,21 @@ import pytest
 from aiohttp import web
 from support import make_state
 
-from echo2.control.client import (
-    CoordinatorClient,
-    CoordinatorError,
+from echo2.control.client import CoordinatorClient, RetryPolicy, ServerError, Unreachable, refusal
+from echo2.control.coordinator import Coordinator
+from echo2.control.errors import (
     Forbidden,
     Invalid,
     LeaseExpired,
-    NotKept,
+    NoSnapshot,
+    NotFound,
+    Refused,
     Released,
-    RetryPolicy,
-    ServerError,
     Stale,
+    TooLarge,
     Unauthorized,
     UnknownWorker,
-    Unreachable,
-    refusal,
 )
-from echo2.control.coordinator import Coordinator
 from echo2.control.protocol import (
     HeartbeatRequest,
     LeaseRequest,
@@ -94,14 +92,14 @@ def test_the_coordinators_refusals_arrive_typed(coord):
             assert (e.value.status, e.value.reason) == (422, "future_version")
             assert await c.heartbeat(HeartbeatRequest(worker_id=wid, version=-1)) == -1
             assert await c.lease(LeaseRequest(worker_id=wid, version=-1, max_groups=1)) is None  # 204
-            with pytest.raises(NotKept):
+            with pytest.raises(NoSnapshot):
                 await c.manifest(0)
             state.publish(0, b"v0", keep=2)
             assert (await c.manifest(0))["version"] == 0
             assert await c.published(after=-1, wait=0) == 0
             route = await c.route(RouteRequest(worker_id=wid, version=0))
             assert (route.parent_id, route.url) == (None, None)
-            with pytest.raises(NotKept):
+            with pytest.raises(NoSnapshot):
                 await c.route(RouteRequest(worker_id=wid, version=7))
             lease = await c.lease(LeaseRequest(worker_id=wid, version=0, max_groups=1))
             assert lease is not None and lease.indices == [0]
@@ -127,12 +125,12 @@ def test_refusal_table():
     """Reasons the coordinator sends that the fixture does not provoke: released (410), a body
     that is not JSON of the usual shape, 5xx."""
     assert type(refusal(410, {"error": "released", "detail": "stop"})) is Released
-    assert type(refusal(413, {"error": "too_large", "detail": ""})) is Invalid
-    assert type(refusal(404, {"error": "not_found", "detail": ""})) is CoordinatorError
+    assert type(refusal(413, {"error": "too_large", "detail": ""})) is TooLarge
+    assert type(refusal(404, {"error": "not_found", "detail": ""})) is NotFound
     assert type(refusal(503, {"error": "timeout", "detail": ""})) is ServerError
     assert type(refusal(500, None)) is ServerError
     e = refusal(418, "teapot")
-    assert type(e) is CoordinatorError and (e.status, e.reason, e.body) == (418, "", "teapot")
+    assert type(e) is Refused and (e.status, e.reason, e.body) == (418, "", "teapot")
 
 
 # ---------------------------------------------------------------------------- the retry policy
@@ -185,7 +183,7 @@ def test_4xx_is_never_retried(status, reason):
         runner, url = await flaky.start()
         try:
             async with await CoordinatorClient.create(url, TOKEN, retry=FAST) as c:
-                with pytest.raises(CoordinatorError) as e:
+                with pytest.raises(Refused) as e:
                     await c.published(wait=0)
                 assert (e.value.status, e.value.reason) == (status, reason)
                 assert (flaky.hits, c.retries) == (1, 0)

@@ -1,5 +1,6 @@
-"""The one mapping from the coordinator's domain errors (control/errors.py) to HTTP answers: each
-refusal gets its status and `{"error": reason, "detail": detail}`, the reason strings of the wire."""
+"""The one refusal hierarchy (control/errors.py) over the wire and back: each refusal gets its class's
+status and `{"error": reason, "detail": detail}` from the coordinator, and the client raises that
+same class again from the answer, for every reason the coordinator sends."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import json
 
 import pytest
 
-from echo2.control import errors
-from echo2.control.coordinator import STATUS, refusal
-from echo2.control.errors import Reason
+from echo2.control import client, errors
+from echo2.control.coordinator import refusal
+from echo2.control.errors import INVALID, Reason
 
 
 @pytest.mark.parametrize(
@@ -24,6 +25,10 @@ from echo2.control.errors import Reason
         (errors.LeaseExpired("not held"), 409, "lease_expired"),
         (errors.Stale("too old"), 409, "stale"),
         (errors.Released("stop"), 410, "released"),
+        (errors.RunFinished("over"), 410, "run_finished"),
+        (errors.TooLarge("65 MiB"), 413, "too_large"),
+        (errors.NotFound("GET /v1/nothing"), 404, "not_found"),
+        (errors.MethodNotAllowed("GET /v1/lease"), 405, "method_not_allowed"),
         (errors.Quarantined("strikes"), 403, "quarantined"),
         (errors.LeaseLimit("4 open"), 429, "lease_limit"),
         (errors.Invalid(Reason.FUTURE_VERSION, "v 9 > 0"), 422, "future_version"),
@@ -42,12 +47,70 @@ def test_each_refusal_has_its_status_and_reason(error, status, reason):
     assert json.loads(resp.text) == {"error": reason, "detail": error.detail}
 
 
+CLASSES = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.Refused)]
+OWN_REASON = [c for c in CLASSES if c is not errors.Refused and "reason" in vars(c)]
+"""The classes that fix their reason: one reason each."""
+
+
 def test_every_refusal_class_has_a_status():
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.Refused)]
-    assert len(classes) == 14
-    for cls in classes:
+    for cls in CLASSES:
         if cls is not errors.Refused:
-            assert any(c in STATUS for c in cls.__mro__), f"{cls.__name__} has no HTTP status"
+            assert 400 <= cls.status < 500, f"{cls.__name__} has no HTTP status"
+
+
+def test_every_reason_has_its_class():
+    """A reason is either one class's own, or one the `Invalid` family carries (malformed is both:
+    400 for a body that cannot be read, 422 for one that breaks the schema)."""
+    owners = [c.reason for c in OWN_REASON]
+    assert len(owners) == len(set(owners)), "two classes with one reason"
+    assert set(owners) | INVALID == set(Reason)
+    assert set(owners) & INVALID == {Reason.MALFORMED}
+
+
+def round_trip(error: errors.Refused) -> errors.Refused:
+    """What the client raises for the coordinator's answer to `error`."""
+    resp = refusal(error)
+    return client.refusal(resp.status, json.loads(resp.text))
+
+
+@pytest.mark.parametrize("cls", OWN_REASON, ids=lambda c: c.reason)
+def test_a_refusal_arrives_at_the_client_as_its_own_class(cls):
+    sent = cls("why")
+    got = round_trip(sent)
+    assert type(got) is cls
+    assert (got.status, got.reason, got.detail) == (cls.status, cls.reason, "why")
+    assert got.body == {"error": cls.reason, "detail": "why"}
+
+
+@pytest.mark.parametrize("reason", sorted(INVALID))
+@pytest.mark.parametrize("cls", [errors.Invalid, errors.InvalidBatch])
+def test_an_invalid_request_arrives_as_invalid_with_its_reason(cls, reason):
+    got = round_trip(cls(reason, "which rule"))
+    assert type(got) is errors.Invalid
+    assert (got.status, got.reason, got.detail) == (422, reason, "which rule")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "cls"),
+    [
+        (409, {"error": "newer_conflict", "detail": ""}, errors.Conflict),
+        (403, {"error": "newer_rule", "detail": ""}, errors.Forbidden),
+        (422, {"error": "newer_check"}, errors.Invalid),
+        (429, {"error": "slow_down"}, errors.LeaseLimit),
+        (404, {"error": "quarantined"}, errors.Refused),  # a reason at the wrong status is not trusted
+        (418, "teapot", errors.Refused),
+    ],
+)
+def test_an_unknown_reason_falls_back_by_status(status, body, cls):
+    got = client.refusal(status, body)
+    assert type(got) is cls and (got.status, got.body) == (status, body)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_a_5xx_is_a_transient_server_error(status):
+    got = client.refusal(status, {"error": "timeout", "detail": ""})
+    assert type(got) is client.ServerError and client.is_transient(got)
+    assert not client.is_transient(client.refusal(429, {"error": "lease_limit"}))
 
 
 def test_a_refusal_needs_a_reason():

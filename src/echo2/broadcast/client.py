@@ -28,7 +28,8 @@ from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, m
 from echo2.broadcast.meter import ParentFailed, RelayMeter
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
-from echo2.control.client import CoordinatorClient, CoordinatorError, NotKept
+from echo2.control.client import CoordinatorClient
+from echo2.control.errors import NoSnapshot, Refused
 from echo2.control.protocol import FailureRequest, InstalledRequest, RegisterResponse, Route, RouteRequest
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class BroadcastClient:
             return self.store.manifests[version]
         try:
             data = await self.coordinator.manifest(version)
-        except NotKept:
+        except NoSnapshot:
             raise BroadcastError(f"version {version} is not kept by the learner") from None
         try:
             manifest = manifest_of(data, version, self.public_key)
@@ -145,7 +146,7 @@ class BroadcastClient:
                 detail=err.detail[:1000],
             )
             return await self.coordinator.report_failure(req)
-        except NotKept:
+        except NoSnapshot:
             raise BroadcastError(f"version {version} is no longer kept by the learner") from None
 
     async def report_installed(self, version: int, data: SnapshotBytes | bytes) -> None:
@@ -168,7 +169,7 @@ class BroadcastClient:
 
         Raises VerificationError if the manifest's signature is bad (nothing is stored),
         BroadcastError if the learner no longer keeps the version or `max_failures` parents failed,
-        and CoordinatorError/Unreachable if the coordinator refuses or cannot be reached."""
+        and Refused/Unreachable if the coordinator refuses or cannot be reached."""
         manifest = await self.manifest(version)
         self.transfers.setdefault(version, [])
         route = await self._route(version)
@@ -320,7 +321,7 @@ class BroadcastClient:
             transient failures, and a refusal cannot be helped by sending it again)."""
             try:
                 await self.report_installed(version, data)
-            except (CoordinatorError, OSError) as e:  # OSError: Unreachable included
+            except (Refused, OSError) as e:  # OSError: Unreachable included
                 logger.warning("version %d: install report not delivered: %r", version, e)
 
         async def receive(version: int) -> None:
@@ -338,7 +339,7 @@ class BroadcastClient:
                 except (BroadcastError, VerificationError) as e:
                     logger.warning("version %d not installed: %s", version, e)
                     return
-                except (aiohttp.ClientError, OSError, CoordinatorError) as e:  # e.g. while registering again
+                except (aiohttp.ClientError, OSError, Refused) as e:  # e.g. while registering again
                     logger.info("version %d: %r; retrying", version, e)
                     await sleep_unless(stop, retry_s)
                 except Exception:  # e.g. the engine could not load it: keep the old version
@@ -355,7 +356,7 @@ class BroadcastClient:
                     tasks.clear()
                 try:
                     latest = await _unless(stop, self.wait_published(after=self._newest), also=self._rewind)
-                except (aiohttp.ClientError, OSError, CoordinatorError) as e:
+                except (aiohttp.ClientError, OSError, Refused) as e:
                     logger.debug("waiting for a version: %r", e)
                     await sleep_unless(stop, retry_s)
                     continue

@@ -2,8 +2,10 @@
 
 Owns the caller's side of the wire: one aiohttp session, the credentials (the run's token for
 registration; from then on the worker's own credential, which `register` keeps from the reply),
-TLS (an https URL, verified against the system's CAs or `ca_file`), one typed coroutine per endpoint built on the pydantic models of protocol.py, a timeout on every call, the
-mapping of refusals (status and JSON `error` reason) to typed exceptions, and ONE retry policy
+TLS (an https URL, verified against the system's CAs or `ca_file`), one typed coroutine per endpoint
+built on the pydantic models of protocol.py, a timeout on every call, refusals raised as the very
+classes the coordinator raised (control/errors.py, picked by status and JSON `error` reason), and
+ONE retry policy
 (tenacity): connection errors, timeouts and 5xx answers are retried with capped exponential backoff,
 bounded in attempts and in time, each retry logged; a 4xx answer is never retried. What a refusal
 means to the caller (register again, drop a batch, stop) is the caller's business: this module does
@@ -41,6 +43,8 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from echo2.control import errors
+from echo2.control.errors import Refused
 from echo2.control.protocol import (
     API,
     FailureRequest,
@@ -63,55 +67,12 @@ M = TypeVar("M", bound=BaseModel)
 
 
 # ---------------------------------------------------------------------------- refusals
-class CoordinatorError(Exception):
-    """The coordinator answered with an error: HTTP `status`, its `reason` (the JSON `error`
-    field) and `detail`; `body` is the whole JSON answer."""
+class ServerError(Exception):
+    """5xx: the coordinator failed to answer (transient; retried, never raised by `call`)."""
 
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status, self.body = status, body
-        fields = body if isinstance(body, dict) else {}
-        self.reason: str = str(fields.get("error", ""))
-        self.detail: str = str(fields.get("detail", ""))
-
-
-class Unauthorized(CoordinatorError):
-    """401: the bearer token is missing or wrong."""
-
-
-class Forbidden(CoordinatorError):
-    """403 forbidden: the credential does not cover this call (the run token for a worker's call, or another
-    worker's credential)."""
-
-
-class UnknownWorker(CoordinatorError):
-    """404 unknown_worker: the coordinator does not know this worker id (restarted, or marked it
-    lost); registering again is the remedy."""
-
-
-class NotKept(CoordinatorError):
-    """404 no_snapshot: the version is not (or no longer) kept by the learner."""
-
-
-class Released(CoordinatorError):
-    """410 released: the scheduler released this worker; it should stop."""
-
-
-class LeaseExpired(CoordinatorError):
-    """409 lease_expired: the lease is not held by this worker any more (reissued)."""
-
-
-class Stale(CoordinatorError):
-    """409 stale: records older than the staleness bound allows."""
-
-
-class Invalid(CoordinatorError):
-    """400, 413 or 422: the request itself was refused (malformed, too large, wrong group, a
-    version from the future, wrong snapshot bytes...); the same request will be refused again."""
-
-
-class ServerError(CoordinatorError):
-    """5xx: the coordinator failed to answer (transient; retried)."""
 
 
 class Unreachable(ConnectionError):
@@ -119,28 +80,10 @@ class Unreachable(ConnectionError):
     `give_up_after` seconds or `max_attempts` attempts, or the caller's stop event was set."""
 
 
-_BY_REASON: dict[tuple[int, str], type[CoordinatorError]] = {
-    (403, "forbidden"): Forbidden,
-    (404, "unknown_worker"): UnknownWorker,
-    (404, "no_snapshot"): NotKept,
-    (409, "lease_expired"): LeaseExpired,
-    (409, "stale"): Stale,
-}
-_BY_STATUS: dict[int, type[CoordinatorError]] = {
-    401: Unauthorized,
-    410: Released,
-    400: Invalid,
-    413: Invalid,
-}
-
-
-def refusal(status: int, body: Any) -> CoordinatorError:
-    """The typed exception for an error answer (status >= 400)."""
-    reason = body.get("error", "") if isinstance(body, dict) else ""
-    cls = _BY_REASON.get((status, reason)) or _BY_STATUS.get(status)
-    if cls is None:
-        cls = ServerError if status >= 500 else Invalid if status == 422 else CoordinatorError
-    return cls(status, body)
+def refusal(status: int, body: Any) -> Refused | ServerError:
+    """The exception for an error answer (status >= 400): the refusal's own class
+    (control/errors.py, by status and reason), or a transient `ServerError` for a 5xx."""
+    return ServerError(status, body) if status >= 500 else errors.from_answer(status, body)
 
 
 def is_transient(e: BaseException) -> bool:
@@ -251,7 +194,7 @@ class CoordinatorClient:
             if resp.status == 204:
                 return None
             if 300 <= resp.status < 400:  # never followed: the credential would go with it
-                raise CoordinatorError(
+                raise Refused.from_answer(
                     resp.status, {"error": "redirect", "detail": "redirects are not followed"}
                 )
             data = await resp.json(content_type=None)
@@ -269,7 +212,7 @@ class CoordinatorClient:
         timeout: float | None = None,
         params: dict[str, Any] | None = None,
     ) -> Any:
-        """One API call: the JSON answer (None for 204), a typed CoordinatorError for a refusal,
+        """One API call: the JSON answer (None for 204), the refusal's own class (control/errors.py),
         Unreachable once the retry policy gives up on transient failures."""
         policy = retry or self.retry
         started = time.monotonic()

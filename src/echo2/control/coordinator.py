@@ -2,7 +2,7 @@
 
 Owns the transport only: authentication (the run token admits new workers; every call made as a
 worker must carry that worker's own credential, issued at registration), body-size cap, per-handler timeout, request validation and
-the mapping of refusals (control/errors.py) to HTTP statuses, in one table (`STATUS`) and one
+the answer to every refusal (control/errors.py: each class carries its HTTP status), in one
 middleware. Every decision is made by `CoordinatorState` (or the subclass it is given).
 The endpoints are documented in docs/protocol.md. As the learner's end of snapshot broadcast it also
 serves signed manifests and chunk streams (the learner is the parent of every chain's seed), paced
@@ -56,28 +56,14 @@ STOPS_WORKER = {f"{API}/{name}" for name in ("register", "heartbeat", "lease", "
 """Calls on which a worker acts on `run_finished` by stopping (the broadcast client's just retry)."""
 
 
-STATUS: dict[type[Refused], int] = {
-    errors.Unreadable: 400,
-    errors.Unauthorized: 401,
-    errors.Forbidden: 403,
-    errors.Quarantined: 403,
-    errors.LeaseLimit: 429,
-    errors.UnknownWorker: 404,
-    errors.NoSnapshot: 404,
-    errors.Conflict: 409,
-    errors.Released: 410,
-    errors.Invalid: 422,
-}
-"""The HTTP status of each kind of refusal: that of the nearest ancestor listed here."""
-
-
 def _error(status: int, reason: str, detail: str) -> web.Response:
     return web.json_response({"error": reason, "detail": detail}, status=status)
 
 
 def refusal(error: Refused) -> web.Response:
-    """The one answer to every refusal: its status from `STATUS`, `{"error": reason, "detail": ...}`."""
-    return _error(next(STATUS[c] for c in type(error).__mro__ if c in STATUS), error.reason, error.detail)
+    """The one answer to every refusal: its class's status, `{"error": reason, "detail": ...}`."""
+    assert error.status >= 400, f"{type(error).__name__} has no HTTP status"
+    return _error(error.status, error.reason, error.detail)
 
 
 class Coordinator(SnapshotRoutes):
@@ -165,16 +151,15 @@ class Coordinator(SnapshotRoutes):
             where = ".".join(str(p) for p in err["loc"])
             return refusal(errors.Invalid(Reason.MALFORMED, f"{where}: {err['msg']}"))
         except web.HTTPRequestEntityTooLarge as e:
-            return _error(413, "too_large", validate.printable(e.text))
+            return refusal(errors.TooLarge(validate.printable(e.text)))
         except TimeoutError:
             return _error(503, "timeout", f"handler took over {HANDLER_TIMEOUT}s")
         except web.HTTPException as e:  # no route (404), wrong method (405): JSON like every answer
             if e.status < 400:
                 raise
-            reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(e.status, "http_error")
-            return _error(
-                e.status, reason, f"{request.method} {validate.printable(request.path)}: {e.reason}"
-            )
+            detail = f"{request.method} {validate.printable(request.path)}: {e.reason}"
+            cls = {404: errors.NotFound, 405: errors.MethodNotAllowed}.get(e.status)
+            return refusal(cls(detail)) if cls else _error(e.status, "http_error", detail)
         except Exception:  # a bug, not the peer's fault: logged, answered in JSON, the server lives on
             logger.exception("%s %s failed", request.method, validate.printable(request.path))
             return _error(500, "internal", "the coordinator failed on this request (logged)")
@@ -209,7 +194,7 @@ class Coordinator(SnapshotRoutes):
             worker_id = None
         if isinstance(worker_id, str) and request.path in STOPS_WORKER:
             self.told.add(worker_id)
-        return _error(410, "run_finished", "the learner finished this run; stop")
+        return refusal(errors.RunFinished("the learner finished this run; stop"))
 
     @staticmethod
     async def _body(request: web.Request, model, *, limit: int = validate.SMALL_BODY):

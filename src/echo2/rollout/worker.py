@@ -3,10 +3,13 @@
 Owns the worker's side of the protocol (docs/protocol.md) as a loop: `Worker.run` is the entry
 point and reads top to bottom. It talks to the coordinator only through a `CoordinatorClient`
 (control/client.py: every call has a timeout, transient failures are retried by one policy) and
-acts on its typed refusals: `UnknownWorker` (coordinator restarted, or this worker was marked lost)
-registers again, by one route (`rejoin`), whoever sees it first; `Released` stops the worker;
-`Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the coordinator reissues its
-prompts). Pushes are retried safely, since ingestion is idempotent. On stop it returns its lease.
+acts on its refusals (control/errors.py): `UnknownWorker` (coordinator restarted, or this worker was
+marked lost) registers again, by one route (`rejoin`), whoever sees it first; `Released` (and
+`RunFinished`) stops the worker; `Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the
+coordinator reissues its prompts; an `Invalid` batch's lease is given back at once); `LeaseLimit`
+returns every lease it holds and pauses before leasing again; `Quarantined` ends `run` (the CLI
+stops with exit status 1). Pushes are retried safely, since ingestion is idempotent. On stop it
+returns what it holds.
 The engine runs in a thread so heartbeats keep flowing while it generates.
 
 Identity: the run token only registers; the reply's credential carries every later call. The
@@ -45,17 +48,17 @@ from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.client import BroadcastClient, client_for, sleep_unless
 from echo2.broadcast.relay import ChunkStore, RelayServer
 from echo2.control import identity
-from echo2.control.client import (
-    CoordinatorClient,
-    CoordinatorError,
+from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
+from echo2.control.errors import (
     Forbidden,
     Invalid,
     LeaseExpired,
+    LeaseLimit,
+    Refused,
     Released,
-    RetryPolicy,
+    RunFinished,
     Stale,
     UnknownWorker,
-    Unreachable,
 )
 from echo2.control.protocol import (
     HeartbeatRequest,
@@ -76,6 +79,8 @@ __all__ = ["KeyChanged", "RelayStartError", "Worker", "WorkerConfig"]
 
 logger = logging.getLogger(__name__)
 
+LEASE_LIMIT_PAUSE = 2.0
+"""Seconds a worker waits before leasing again after a `lease_limit` refusal."""
 CALIBRATION_GROUPS = 2
 """Prompts (at most a step's) of the calibration generation, `group_size` samples each."""
 
@@ -95,8 +100,9 @@ class Worker:
         self.epoch: str | None = None
         self._reports: set[asyncio.Task] = set()
         self.bcast: BroadcastClient | None = None
-        self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0}
-        self.lease_id: str | None = None
+        self.counts = {"pushed": 0, "dropped": 0, "reregistered": 0, "lease_limit": 0}
+        self.held: set[str] = set()
+        """Leases granted and neither pushed nor given back: what a stop or a lease_limit returns."""
         self.throughput = config.throughput or config.emulate or 0.0
         """Trajectories/s: declared, else calibrated once the model is loaded, then the last lease's."""
         self.run_config: Config | None = None
@@ -110,7 +116,8 @@ class Worker:
     # ------------------------------------------------------------------ the entry point
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set or the scheduler releases this worker. Raises Unreachable
-        (a ConnectionError) if the coordinator stays unreachable while not stopping."""
+        (a ConnectionError) if the coordinator stays unreachable while not stopping, and
+        `Quarantined` once the coordinator refuses this worker's work for good."""
         retry = RetryPolicy(give_up_after=self.config.give_up_after)
         try:
             async with await CoordinatorClient.create(
@@ -120,7 +127,7 @@ class Worker:
                 try:
                     await self._serve(stop)
                 finally:
-                    await self._return_lease()
+                    await self.return_held()
                     await self.relay.stop()
         except Unreachable:
             if not stop.is_set():
@@ -151,7 +158,7 @@ class Worker:
         except (UnknownWorker, Forbidden) as e:  # Forbidden: our credential is not (or no longer) valid
             await self.rejoin(seen, e)
         except Released as e:
-            if e.reason == "run_finished":
+            if isinstance(e, RunFinished):
                 logger.info("the run is over (run_finished); stopping")
             else:
                 logger.info("released by the coordinator (%s); stopping", e.detail)
@@ -161,7 +168,7 @@ class Worker:
         while not stop.is_set():
             try:
                 await self._as_member(stop, self._heartbeat)
-            except (CoordinatorError, Unreachable) as e:  # the next beat tries again
+            except (Refused, Unreachable) as e:  # the next beat tries again
                 logger.debug("heartbeat failed: %r", e)
             await sleep_unless(stop, self.heartbeat_interval)
 
@@ -169,7 +176,7 @@ class Worker:
         """A heartbeat now, so the coordinator has the calibrated figure before the first lease."""
         try:
             await self._as_member(stop, self._heartbeat)
-        except (CoordinatorError, Unreachable) as e:  # the heartbeat task reports it again
+        except (Refused, Unreachable) as e:  # the heartbeat task reports it again
             logger.debug("throughput report failed: %r", e)
 
     async def _heartbeat(self) -> None:
@@ -247,10 +254,10 @@ class Worker:
     async def _report_sent(self, req: SentRequest) -> None:
         try:
             await self.coordinator.report_sent(req)
-        except (CoordinatorError, Unreachable, OSError) as e:
+        except (Refused, Unreachable, OSError) as e:
             logger.debug("relay account of version %d not delivered: %r", req.version, e)
 
-    async def rejoin(self, seen: str | None, refusal: CoordinatorError) -> None:
+    async def rejoin(self, seen: str | None, refusal: Refused) -> None:
         """The one route back after an unknown-worker refusal of a call made as `seen`: register
         again, unless another task already did (same relay, same store, same engine)."""
         async with self._registering:
@@ -271,15 +278,20 @@ class Worker:
                 f"--relay-host/--relay-port: cannot listen on {c.relay_host}:{c.relay_port} ({e})"
             ) from None
 
-    async def _return_lease(self) -> None:
-        if not (self.lease_id and self.worker_id):
-            return
-        try:
-            await self.coordinator.return_lease(
-                ReturnRequest(worker_id=self.worker_id, lease_id=self.lease_id)
-            )
-        except (CoordinatorError, Unreachable) as e:
-            logger.info("could not return lease %s: %r", self.lease_id, e)
+    async def return_held(self) -> None:
+        """Give back every lease held; one the coordinator refuses to take back (expired, or this
+        worker is unknown to it) is not held any more, one it could not be asked about still is."""
+        for lease_id in sorted(self.held):
+            try:
+                await self.coordinator.return_lease(
+                    ReturnRequest(worker_id=self.worker_id, lease_id=lease_id)
+                )
+            except Refused as e:
+                logger.info("lease %s not returned: %s %s", lease_id, e.reason, e.detail)
+            except Unreachable as e:
+                logger.info("could not return lease %s: %r", lease_id, e)
+                continue
+            self.held.discard(lease_id)
 
     # ------------------------------------------------------------------ the engine (what a peer replaces)
     @property
@@ -336,8 +348,16 @@ class Worker:
 
     async def step(self, stop: asyncio.Event) -> None:
         """One lease worked through, or a short pause when there is nothing to do."""
-        if not await self.one_lease():
-            await sleep_unless(stop, 0.2)
+        try:
+            if await self.one_lease():
+                return
+            pause = 0.2
+        except LeaseLimit as e:  # it thinks we hold too many: give back what we hold, ask later
+            self.counts["lease_limit"] += 1
+            logger.info("no lease: %s %s; returning %d held", e.reason, e.detail, len(self.held))
+            await self.return_held()
+            pause = LEASE_LIMIT_PAUSE
+        await sleep_unless(stop, pause)
 
     async def one_lease(self) -> bool:
         """Lease, generate, push. False when there was nothing to do."""
@@ -351,7 +371,7 @@ class Worker:
             return False
         if lease is None:
             return False
-        self.lease_id = lease.lease_id
+        self.held.add(lease.lease_id)
         records = await self._generate(lease)
         push = PushRequest(worker_id=self.worker_id, lease_id=lease.lease_id, records=records)
         try:
@@ -360,7 +380,9 @@ class Worker:
         except (Stale, LeaseExpired, Invalid) as e:
             self.counts["dropped"] += len(records)
             logger.info("batch of %d dropped by the coordinator: %s %s", len(records), e.reason, e.detail)
-        self.lease_id = None
+            if isinstance(e, Invalid):  # the lease stays open at the coordinator: give it back now
+                await self.return_held()
+        self.held.discard(lease.lease_id)
         return True
 
     async def _generate(self, lease: LeaseResponse) -> list[dict]:

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
-    from echo2.control.client import Released, Unauthorized
+    from echo2.control.errors import Quarantined, Refused, Released, Unauthorized
     from echo2.rollout.worker import KeyChanged, RelayStartError, Worker, WorkerConfig
 
     if args.threads:
@@ -198,8 +198,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyChanged as e:
         print(f"echo2 worker: stopped: {e}", file=sys.stderr)
         return 1
+    except Quarantined as e:
+        print(f"echo2 worker: stopped: quarantined by the coordinator ({e.detail})", file=sys.stderr)
+        return 1
     except Released as e:  # registering after the run finished
         log.info("stopping: %s", e.detail or e.reason)
+    except Refused as e:  # any other refusal the worker does not act on: one line, not a traceback
+        print(f"echo2 worker: stopped: the coordinator refused ({e.reason}: {e.detail})", file=sys.stderr)
+        return 1
     except ConnectionError as e:
         print(f"echo2 worker: {e}", file=sys.stderr)
         return 1
