@@ -156,7 +156,7 @@ class Echo2:
 
 def _local_provider(config: Config, *, workers: int, emulate: float | None, serve: bool):
     """The `local` provider's slots: one per worker of each type in scheduler.pool."""
-    from echo2.cli import _load_pool as load_pool
+    from echo2.control.plan import load_pool
     from echo2.control.selection import WorkerOffer
     from echo2.rollout.local_fleet import LocalFleet
 

@@ -122,7 +122,7 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
     from pydantic import ValidationError
 
     from echo2.config import validation_message
-    from echo2.control.plan import PlanInput, make_plan, render
+    from echo2.control.plan import PlanInput, load_pool, make_plan, render
 
     try:
         inp = PlanInput(
@@ -137,7 +137,7 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
         )
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
-    plan = make_plan(inp, _load_pool(args.pool))
+    plan = make_plan(inp, load_pool(args.pool))
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     return 0 if plan["feasible"] else 1  # infeasible: no pool of this kind keeps the learner busy
 
@@ -218,19 +218,6 @@ def _announce(source) -> None:
         f"learner key: {source.fingerprint}",
         flush=True,
     )
-
-
-def _load_pool(path):
-    """A POOL.toml (`echo2 plan --pool`, `scheduler.pool`); a mistake names the file and the key."""
-    from pydantic import ValidationError
-
-    from echo2.config import validation_message
-    from echo2.control.plan import Pool
-
-    try:
-        return Pool.model_validate(read_toml(path))
-    except ValidationError as e:
-        raise ConfigError(f"{path}: {validation_message(e)}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,17 @@
 """`echo2 plan`: how much rollout throughput keeps the learner busy, and the cheapest pool for it.
 
-Pure: validated inputs in, a JSON-ready dict out (the CLI prints it). Uses the capacity model
-(capacity.py) and both selection policies (selection.py).
+Pure: validated inputs in, a JSON-ready dict out (the CLI prints it); `load_pool` reads the pool
+file that `echo2 plan --pool` and the `local` provider share. Uses the capacity model (capacity.py)
+and both selection policies (selection.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2.config import check_kappa, publish_every
+from echo2.config import ConfigError, check_kappa, publish_every, read_toml, validation_message
 from echo2.control import capacity as cap
 from echo2.control.selection import WorkerOffer, exact, greedy
 
@@ -39,6 +40,14 @@ class Pool(_Strict):
         if len(set(names)) != len(names):
             raise ValueError("workers: names must be unique")
         return self
+
+
+def load_pool(path) -> Pool:
+    """A POOL.toml (`echo2 plan --pool`, `scheduler.pool`); a mistake names the file and the key."""
+    try:
+        return Pool.model_validate(read_toml(path))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {validation_message(e)}") from None
 
 
 class PlanInput(_Strict):
