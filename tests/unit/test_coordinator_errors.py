@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,21 @@ def test_a_5xx_is_a_transient_server_error(status):
 def test_a_refusal_needs_a_reason():
     with pytest.raises(AssertionError):
         errors.Conflict("no reason code")
+
+
+def test_the_refusal_table_in_the_protocol_doc_matches_the_classes():
+    """docs/protocol.md's table: each row's status is that of the classes it names, their reasons are
+    the ones it lists, and every refusal class is in it."""
+    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    rows = [line.split(" | ") for line in doc.splitlines() if re.match(r"\| \d{3} \| `", line)]
+    named = set()
+    for status, classes, reasons, _ in rows:
+        for name in re.findall(r"`(\w+)`", classes.split("(")[0]):
+            cls = getattr(errors, name)
+            named.add(cls)
+            assert cls.status == int(status.strip("| ")), name
+            if "reason" in vars(cls):
+                assert f"`{cls.reason}`" in reasons, name
+        if "Invalid" in classes and "Unreadable" not in classes and "TooLarge" not in classes:
+            assert set(re.findall(r"`(\w+)`", reasons)) - {"INVALID"} == INVALID
+    assert named == set(CLASSES) - {errors.Refused}

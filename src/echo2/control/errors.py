@@ -35,7 +35,6 @@ class Reason(StrEnum):
     WRONG_SNAPSHOT = "wrong_snapshot"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
-    NOT_ADMISSIBLE = "not_admissible"
     # validation at the door (validate.py) and the referee (learning/verify.py)
     REWARD_OUT_OF_RANGE = "reward_out_of_range"
     BAD_LOGPROB = "bad_logprob"
@@ -60,7 +59,6 @@ INVALID = frozenset(
         Reason.GROUP_OVERFLOW,
         Reason.NON_FINITE_REWARD,
         Reason.WRONG_SNAPSHOT,
-        Reason.NOT_ADMISSIBLE,
         Reason.REWARD_OUT_OF_RANGE,
         Reason.BAD_LOGPROB,
         Reason.BAD_MASK,
