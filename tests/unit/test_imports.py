@@ -1,4 +1,5 @@
-"""The import graph of src/echo2: no cycles, and arrows only from I/O code to pure code.
+"""The import graph of src/echo2: no cycles between modules nor between top-level packages, and
+arrows only from I/O code to pure code.
 
 Reads the source with `ast` (nothing is imported), so it sees the module-level imports that decide
 the load order; imports inside functions (the CLI's lazy imports) and under `TYPE_CHECKING` are
@@ -133,6 +134,51 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _package(module: str) -> str:
+    """The top-level package or module of echo2 that `module` belongs to (echo2.control.client ->
+    control, echo2.cli -> cli); the root package itself is its own."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _package_graph(internal: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Top-level package -> the top-level packages its modules import (arrows to the root
+    `echo2/__init__.py` left out: it is the package every module loads first)."""
+    graph: dict[str, set[str]] = {}
+    for module, imports in internal.items():
+        graph.setdefault(_package(module), set())
+        for name in imports:
+            if name != "echo2" and _package(name) != _package(module):
+                graph[_package(module)].add(_package(name))
+    return graph
+
+
+def test_the_package_graph_has_no_cycle():
+    """Packages are layered one way (docs/architecture.md): config and records at the bottom, the
+    broadcast byte layer, the control plane, rollout, learning, then the CLI."""
+    internal, _ = _graph()
+    packages = _package_graph(internal)
+    cycle = _cycle(packages)
+    edges = [
+        f"{m} -> {n}"
+        for a, b in zip(cycle or [], (cycle or [])[1:], strict=False)
+        for m in sorted(internal)
+        if _package(m) == a
+        for n in sorted(internal[m])
+        if n != "echo2" and _package(n) == b
+    ]
+    assert cycle is None, " -> ".join(cycle or []) + "\n" + "\n".join(edges)
+
+
+def test_config_imports_no_other_package():
+    """Config schemas are importable alone (prime-rl): pydantic and config's own modules only."""
+    internal, external = _graph()
+    packages = _package_graph(internal)
+    assert packages["config"] == set(), f"config imports {sorted(packages['config'])}"
+    libs = set().union(*(libs for m, libs in external.items() if _package(m) == "config"))
+    assert "torch" not in libs, libs
+
+
 def test_the_import_graph_has_no_cycle():
     internal, _ = _graph()
     assert _cycle(internal) is None, " -> ".join(_cycle(internal) or [])
@@ -151,6 +197,15 @@ def test_the_checker_sees_a_cycle_and_an_io_arrow():
     """The checks above can fail: a cycle and an I/O import are found in a synthetic graph."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    modules = {
+        "echo2": set(),
+        "echo2.x.a": {"echo2.y", "echo2"},
+        "echo2.y": {"echo2.x.b"},
+        "echo2.x.b": set(),
+    }
+    assert _package_graph(modules) == {"echo2": set(), "x": {"y"}, "y": {"x"}}
+    assert _cycle(_package_graph(modules)) == ["x", "y", "x"]
+    assert _cycle(modules) is None, "no module cycle, only a package one"
     graph = {"pure": {"mid"}, "mid": {"net"}, "net": set()}
     assert "net" in _reachable(graph, "pure")
     assert _io_modules(graph, {"pure": set(), "mid": set(), "net": {"aiohttp"}}) == {"net"}

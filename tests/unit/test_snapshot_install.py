@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import save
 
 from echo2.broadcast.chunks import SnapshotBytes, make_manifest, public_key_hex, split
-from echo2.broadcast.client import BroadcastClient
 from echo2.broadcast.relay import ChunkStore
 from echo2.control.protocol import Route
 from echo2.records import LORA_A, LORA_B, Snapshot
+from echo2.rollout.broadcast_client import BroadcastClient
 from echo2.rollout.safetensors_view import SafetensorsView
 from echo2.rollout.vllm_engine import VLLMEngine
 from echo2.rollout.vllm_ext import (

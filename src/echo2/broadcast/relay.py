@@ -1,5 +1,6 @@
 """Receiving and relaying snapshots (paper 4.2): no torch, no rollout engine. This module holds the
-store and the relay server; `BroadcastClient` is in client.py, `BroadcastPeer` in peer.py.
+store and the relay server; the worker's side (`BroadcastClient`, `BroadcastPeer`) is in
+rollout/broadcast_client.py and rollout/broadcast_peer.py.
 
 A worker holds verified chunks in a `ChunkStore`, serves them to its child with a `RelayServer`
 while it is still receiving them (store-and-forward per chunk), and receives with a

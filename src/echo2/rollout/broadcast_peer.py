@@ -17,8 +17,8 @@ import os
 import signal
 
 from echo2.broadcast.chunks import SnapshotBytes
-from echo2.broadcast.client import BroadcastClient, sleep_unless
 from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
+from echo2.rollout.broadcast_client import BroadcastClient, sleep_unless
 from echo2.rollout.worker import Worker, WorkerConfig
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ generating with the version it has; a complete, verified snapshot is installed b
 generations, at once, and reported to the coordinator.
 
 The loop does not know what an engine is made of: `prepare`, `step`, `install_snapshot` and
-`version` are what a worker without an engine (`echo2.broadcast.peer.BroadcastPeer`) replaces.
+`version` are what a worker without an engine (`echo2.rollout.broadcast_peer.BroadcastPeer`) replaces.
 Torch and the model are imported only when an engine is built, so that peer stays torch-free.
 """
 
@@ -45,7 +45,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from echo2.broadcast.chunks import SnapshotBytes
-from echo2.broadcast.client import BroadcastClient, client_for, sleep_unless
 from echo2.broadcast.relay import ChunkStore, RelayServer
 from echo2.control import identity
 from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
@@ -70,6 +69,7 @@ from echo2.control.protocol import (
     ReturnRequest,
     SentRequest,
 )
+from echo2.rollout.broadcast_client import BroadcastClient, client_for, sleep_unless
 from echo2.rollout.worker_config import KeyChanged, RelayStartError, WorkerConfig
 
 if TYPE_CHECKING:

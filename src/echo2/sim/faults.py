@@ -102,7 +102,7 @@ class FaultInjector:
 
     def _child_reports(self, w: SimWorker):
         """A dropped relay's child reads nothing for the progress timeout (the socket read timeout
-        of broadcast/client.py), reports its parent failed, and is routed around it."""
+        of rollout/broadcast_client.py), reports its parent failed, and is routed around it."""
         sc = self.world.sc
         yield self.world.env.timeout(min(sc.broadcast.progress_timeout_s, sc.scheduler.heartbeat_timeout_s))
         if not w.lost and self.dissemination.feeds_someone(w):

@@ -1,7 +1,8 @@
 """The receiving side of snapshot broadcast: `BroadcastClient` asks the coordinator for its parent,
 streams chunks from it, verifies each against the signed manifest before storing it, and on a dead,
 stalled or lying parent reports it and resumes from its first missing chunk with the new parent.
-The API is described in relay.py's docstring.
+The API is described in broadcast/relay.py's docstring. It lives in rollout/, not broadcast/, because
+it talks to the coordinator: broadcast/ sits below control/ and imports none of it.
 
 Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
 typed refusals, one retry policy); chunk streams use that client's session with their own progress
