@@ -1,7 +1,7 @@
 """FSDP2 on two CPU processes (gloo) trains exactly what one process trains.
 
 Rank 0 drives the steps the way the learner loop does (orders the followers, trains, gathers the
-full state dict); rank 1 runs `distributed.follow`, which builds its policy on the meta device and
+full state dict); rank 1 runs `build.follow`, which builds its policy on the meta device and
 receives rank 0's weights while sharding. Same fixed groups, same seed: the parameters after the
 steps equal the single-process ones within 1e-5 (fp32; the only difference is the order in which
 the two ranks' gradient shares are summed). The same holds for a LoRA adapter with a reference
@@ -62,8 +62,8 @@ def fixed_groups(model, *, pad_id: int, vocab: int) -> list[list[Trajectory]]:
 
 
 def _rank(rank: int, port: int, groups, out: str) -> None:
-    from echo2.learning import distributed
-    from echo2.learning.device import place, snapshot_state
+    from echo2.learning import build, distributed
+    from echo2.learning.device import place, resolve_device, snapshot_state
     from echo2.models import load_model, load_tokenizer
 
     os.environ.update(
@@ -76,9 +76,9 @@ def _rank(rank: int, port: int, groups, out: str) -> None:
         rollout=RolloutConfig(temperature=TEMPERATURE),
         run={"threads": 1},
     )
-    assert distributed.start(config.learner) == rank
+    assert distributed.start(resolve_device(config.learner)) == rank
     if rank > 0:
-        assert distributed.follow(config)["steps"] == STEPS
+        assert build.follow(config)["steps"] == STEPS
         return
     tok = load_tokenizer(config.model)
     model = load_model(config.model, vocab_size=len(tok), seed=0)
@@ -167,6 +167,7 @@ def _start_up_rank(rank: int, port: int, config: Config, out: str) -> None:
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     from echo2.learning import build, distributed
+    from echo2.learning.device import resolve_device
     from echo2.models import load_tokenizer
 
     os.environ.update(
@@ -174,12 +175,12 @@ def _start_up_rank(rank: int, port: int, config: Config, out: str) -> None:
     )
     torch.set_num_threads(1)
     load_tokenizer(config.model)  # warm the tokenizer's files (both ranks load it again in the build)
-    assert distributed.start(config.learner) == rank
+    assert distributed.start(resolve_device(config.learner)) == rank
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak to the current resident size (Linux >= 4.0)
     baseline = _memory_kib()[1]
     if rank > 0:
-        distributed.follow(config)
+        build.follow(config)
         torch.save({"peak_kib": _memory_kib()[0] - baseline}, out + ".1")
         return
     learner = build.place(build.load(config), config)
@@ -243,6 +244,7 @@ LORA_LEARNER = LearnerConfig(
 
 def _lora_rank(rank: int, port: int, groups, out: str) -> None:
     from echo2.learning import build, distributed
+    from echo2.learning.device import resolve_device
     from echo2.learning.loop import make_snapshot
 
     os.environ.update(
@@ -255,9 +257,9 @@ def _lora_rank(rank: int, port: int, groups, out: str) -> None:
         rollout=RolloutConfig(temperature=TEMPERATURE),
         run={"threads": 1},
     )
-    assert distributed.start(config.learner) == rank
+    assert distributed.start(resolve_device(config.learner)) == rank
     if rank > 0:
-        assert distributed.follow(config)["steps"] == STEPS
+        assert build.follow(config)["steps"] == STEPS
         return
     learner = build.place(build.load(config), config)
     for _ in range(STEPS):

@@ -4,7 +4,7 @@ optimizer, loaded and then placed on the learner's device.
 Two steps, because rank 0 builds its rollout engine from the CPU policy in between (loop.run):
 `load` reads everything a config can get wrong before the run directory is touched, and `place`
 puts it on the device (device.place: moved whole on one process, sharded by FSDP2 under torchrun).
-`distributed.follow` (ranks > 0) calls the same two, so every rank builds the same policy: with the
+`follow` (ranks > 0) calls the same two, so every rank builds the same policy: with the
 same LoRA adapter, reference and gradient checkpointing as rank 0.
 
 Under torchrun only rank 0 reads the weights. Ranks > 0 build the same architecture on the meta
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from echo2.config import Config
 from echo2.learning import distributed
 from echo2.learning.checkpoint import LearnerState, load_checkpoint
 from echo2.learning.device import place as place_on_device
-from echo2.learning.lora import apply_lora
-from echo2.learning.step import make_optimizer
+from echo2.learning.lora import adapter_state, apply_lora, is_lora
+from echo2.learning.step import make_optimizer, train_step
+from echo2.learning.verify import StepCheck
 from echo2.models import load_model, load_tokenizer
 
 
@@ -70,6 +72,32 @@ def place(learner: Learner, config: Config) -> Learner:
         learner.model, learner.optimizer, learner.ref_model, config.learner, make_optimizer=make_optimizer
     )
     return learner
+
+
+def follow(config: Config) -> dict[str, Any]:
+    """A rank > 0: build the same learner as rank 0 (its policy on the meta device, filled from rank
+    0's weights as it is sharded) and obey rank 0's orders until told to stop (distributed.obey)."""
+    lcfg = config.learner
+    torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
+    learner = place(load(config), config)
+    check = StepCheck(max_logratio=lcfg.max_logratio, staleness=lcfg.staleness)
+
+    def train(groups) -> None:
+        train_step(
+            learner.model,
+            learner.optimizer,
+            groups,
+            lcfg,
+            pad_id=learner.tokenizer.pad_token_id,
+            temperature=config.rollout.temperature,
+            ref_model=learner.ref_model,
+            check=check,
+        )
+
+    # what rank 0's make_snapshot gathers
+    gather = adapter_state if is_lora(learner.model) else distributed.full_state
+    steps = distributed.obey(learner.model, learner.optimizer, train=train, gather=gather)
+    return {"steps": steps, "eval_before": None, "eval_after": None}
 
 
 def _policy(config: Config, *, vocab_size: int, empty: bool):

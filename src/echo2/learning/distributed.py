@@ -3,7 +3,7 @@
 Owns torch.distributed. Under `torchrun --nproc-per-node N` every process runs the same entry point;
 `start` joins the process group (gloo on CPU, nccl on CUDA). Rank 0 runs the learner loop: it alone
 serves the coordinator, writes metrics and checkpoints and publishes snapshots. Every other rank runs
-`follow`, which builds the same learner (learning/build.py) and obeys rank 0's orders (train on
+`build.follow`, which builds the same learner and `obey`s rank 0's orders (train on
 these groups, join a gather of the full state dict or the LoRA adapter, stop) and writes nothing.
 Sharding never puts a whole model on a rank's device, and only rank 0 reads the weights (`shard`). Within a step the micro-batches are dealt
 out round-robin; a rank with fewer runs a zero-weighted copy, so every rank issues the same
@@ -11,7 +11,8 @@ collectives. FSDP sums (not averages) the gradients, because each micro-batch lo
 divided by the step's token count: the update equals the single-process one.
 
 With one process (no torchrun) every function is the identity or a no-op, so the single-process
-learner runs the same code. Knows nothing of rollouts, tasks or the coordinator.
+learner runs the same code. Knows nothing of rollouts, tasks or the coordinator, and imports no
+other learning module (device.py, step.py, build.py and lora.py build on it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -50,12 +51,10 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def start(config) -> int:
-    """Join torchrun's process group if there is one (WORLD_SIZE > 1); this process's rank."""
+def start(device: torch.device) -> int:
+    """Join torchrun's process group if there is one (WORLD_SIZE > 1), on this rank's learner device
+    (device.resolve_device); this process's rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        from echo2.learning.device import resolve_device
-
-        device = resolve_device(config)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         # Followers wait in a broadcast while rank 0 evaluates or waits for workers' rollouts, which
@@ -254,36 +253,17 @@ def for_checkpoint(model, optimizer) -> tuple[Any, Any]:
     )
 
 
-def follow(config) -> dict[str, Any]:
-    """A rank > 0: build the same learner as rank 0 (learning/build.py: its policy on the meta
-    device, filled from rank 0's weights as it is sharded) and obey rank 0's orders until told to
-    stop."""
-    from echo2.learning import build
-    from echo2.learning.lora import adapter_state, is_lora
-    from echo2.learning.step import train_step
-    from echo2.learning.verify import StepCheck
-
-    lcfg = config.learner
-    torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
-    learner = build.place(build.load(config), config)
-    model, optimizer = learner.model, learner.optimizer
-    gather = adapter_state if is_lora(model) else full_state  # what rank 0's make_snapshot gathers
+def obey(model, optimizer, *, train: Callable[[Any], None], gather: Callable[[Any], Any]) -> int:
+    """A rank > 0: obey rank 0's orders until told to stop (train on these groups with `train`, join
+    a gather of what rank 0's snapshot takes with `gather`, join a checkpoint's gather); the number
+    of steps trained. The caller builds the learner (build.follow), so this module needs no other."""
     steps = 0
     while True:
         message: list[Any] = [None, None]
         dist.broadcast_object_list(message, src=0, device=_comm_device())
         order, payload = Order(message[0]), message[1]
         if order is Order.TRAIN:
-            train_step(
-                model,
-                optimizer,
-                payload,
-                lcfg,
-                pad_id=learner.tokenizer.pad_token_id,
-                temperature=config.rollout.temperature,
-                ref_model=learner.ref_model,
-                check=StepCheck(max_logratio=lcfg.max_logratio, staleness=lcfg.staleness),
-            )
+            train(payload)
             steps += 1
         elif order is Order.GATHER:
             gather(model)
@@ -293,4 +273,4 @@ def follow(config) -> dict[str, Any]:
             break
     logger.info("rank %d stopped after %d steps", rank(), steps)
     dist.destroy_process_group()
-    return {"steps": steps, "eval_before": None, "eval_after": None}
+    return steps

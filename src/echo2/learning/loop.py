@@ -81,8 +81,8 @@ def run(
     config = resolved(config)  # learner.dtype "auto" etc. -> this machine's values, as config.toml says
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
-    if distributed.start(lcfg) > 0:  # torchrun: ranks > 0 obey rank 0 and write nothing
-        return distributed.follow(config)
+    if distributed.start(resolve_device(lcfg)) > 0:  # torchrun: ranks > 0 obey rank 0, write nothing
+        return build.follow(config)
 
     # ---- task, tokenizer, policy (+ LoRA), reference, a resumed checkpoint: all loaded (and so
     # checked) before run_dir is touched (learning/build.py, the same builder every rank uses)
