@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from echo2 import setup_logging
 from echo2.config import ConfigError, build_config, dump_toml, load_config, parse_overrides, read_toml
 from echo2.preflight import check_model_source, check_port, fresh_run_dir
 from echo2.tracking import check_trackers
@@ -158,13 +159,6 @@ def _resolve(args: argparse.Namespace, extra: list[str]):
     return config, fresh_run_dir(config)
 
 
-def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def _train(args: argparse.Namespace, extra: list[str]) -> int:
     workers = getattr(args, "workers", 0)
     if workers < 0:
@@ -181,7 +175,7 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
     check_trackers(config.run.report_to)
     if args.command == "learner" or workers or config.scheduler.provider == "local":
         check_port(config.coordinator.host, config.coordinator.port)
-    _setup_logging(args.quiet)
+    setup_logging(args.quiet)
     from echo2.api import Echo2
 
     # SIGTERM unwinds like Ctrl-C, so `finally` blocks stop worker children and the coordinator.

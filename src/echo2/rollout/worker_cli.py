@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from echo2 import setup_logging
 from echo2.config import ConfigError, load_config
 from echo2.preflight import check_model_source
 
@@ -146,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.dry_run:
         return _dry_run(args)
-    from echo2.cli import _setup_logging
-
-    _setup_logging(args.quiet)
+    setup_logging(args.quiet)
     import asyncio
 
     import torch
