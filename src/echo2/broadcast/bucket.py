@@ -1,7 +1,7 @@
 """Token-bucket rate limiter that caps the bytes/s of one link (learner uplink B0 or worker Bw).
 
 Caps the learner's uplink and each of its streams (control/coordinator.py) and each worker's relay
-upload and snapshot download (relay.py, client.py); the benchmarks' in-process bandwidth caps are
+upload and snapshot download (relay.py, rollout/broadcast_client.py); the benchmarks' in-process bandwidth caps are
 these buckets too. One instance may be shared by several concurrent transfers: they then share its
 rate. The bucket starts full; its
 burst (default: 50 ms of traffic, at least 64 KiB) bounds how far a transfer can run ahead of
