@@ -61,10 +61,10 @@ def fixed_groups(model, *, pad_id: int, vocab: int) -> list[list[Trajectory]]:
     return [out[i : i + 4] for i in range(0, len(out), 4)]
 
 
-def _rank(rank: int, port: int, groups, out: str) -> None:
-    from echo2.learning import build, distributed
-    from echo2.learning.device import place, resolve_device, snapshot_state
-    from echo2.models import load_model, load_tokenizer
+def _join(rank: int, port: int, learner: LearnerConfig) -> Config:
+    """This process as `rank` of a 2-process gloo group on loopback; the tiny model's config."""
+    from echo2.learning import distributed
+    from echo2.learning.device import resolve_device
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
@@ -72,11 +72,20 @@ def _rank(rank: int, port: int, groups, out: str) -> None:
     torch.set_num_threads(1)
     config = Config(
         model=TinyModelConfig(),
-        learner=LEARNER,
+        learner=learner,
         rollout=RolloutConfig(temperature=TEMPERATURE),
         run={"threads": 1},
     )
     assert distributed.start(resolve_device(config.learner)) == rank
+    return config
+
+
+def _rank(rank: int, port: int, groups, out: str) -> None:
+    from echo2.learning import build, distributed
+    from echo2.learning.device import place, snapshot_state
+    from echo2.models import load_model, load_tokenizer
+
+    config = _join(rank, port, LEARNER)
     if rank > 0:
         assert build.follow(config)["steps"] == STEPS
         return
@@ -244,20 +253,9 @@ LORA_LEARNER = LearnerConfig(
 
 def _lora_rank(rank: int, port: int, groups, out: str) -> None:
     from echo2.learning import build, distributed
-    from echo2.learning.device import resolve_device
     from echo2.learning.loop import make_snapshot
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
-    )
-    torch.set_num_threads(1)
-    config = Config(
-        model=TinyModelConfig(),
-        learner=LORA_LEARNER,
-        rollout=RolloutConfig(temperature=TEMPERATURE),
-        run={"threads": 1},
-    )
-    assert distributed.start(resolve_device(config.learner)) == rank
+    config = _join(rank, port, LORA_LEARNER)
     if rank > 0:
         assert build.follow(config)["steps"] == STEPS
         return
