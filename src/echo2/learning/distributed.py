@@ -95,7 +95,9 @@ def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    tied = _tied_names(model)
+    from echo2.models import tied_names
+
+    tied = tied_names(model)
     full = model.state_dict() if rank() == 0 else {}  # rank 0's weights, kept alive past .to("meta")
     buffers = _non_persistent_buffers(model) if rank() == 0 else None
     model.to("meta")  # a no-op on ranks > 0 built on meta
@@ -121,21 +123,11 @@ def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> 
     _put_buffers(model, buffers)
 
 
-def _tied_names(model: torch.nn.Module) -> list[list[str]]:
-    """Names of parameters that share one tensor (a tied embedding and head), grouped."""
-    by_tensor: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        by_tensor.setdefault(id(param), []).append(name)
-    return [names for names in by_tensor.values() if len(names) > 1]
-
-
-def _tie(model: torch.nn.Module, tied: list[list[str]]) -> None:
-    """Point every name of a tied group at its first name's parameter."""
-    for first, *others in tied:
-        param = model.get_parameter(first)
-        for name in others:
-            owner, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(owner), attr, param)
+def _tie(model: torch.nn.Module, tied: dict[str, str]) -> None:
+    """Point every tied alias (models.tied_names: alias -> the name kept) at the kept parameter."""
+    for alias, kept in tied.items():
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(kept))
 
 
 def _non_persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:

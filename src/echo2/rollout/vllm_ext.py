@@ -61,12 +61,13 @@ class WeightInstaller:
 
 
 def tied_aliases(model) -> dict[str, list[str]]:
-    """Parameter name -> the names tied to it (the same parameter), in module order."""
-    first: dict[int, str] = {}
+    """Parameter name -> the names tied to it (the same parameter), in module order: the inverse of
+    `echo2.models.tied_names`."""
+    from echo2.models import tied_names
+
     aliases: dict[str, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if (kept := first.setdefault(id(param), name)) != name:
-            aliases.setdefault(kept, []).append(name)
+    for alias, kept in tied_names(model).items():
+        aliases.setdefault(kept, []).append(alias)
     return aliases
 
 
