@@ -3,16 +3,17 @@ tests/e2e/test_vllm_engine.py, which needs vllm installed)."""
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 
 import pytest
+import torch
 from support import TINY
 
 from echo2.cli import main
-from echo2.config import ConfigError, RolloutConfig
+from echo2.config import Config, ConfigError, RolloutConfig, TinyModelConfig
 from echo2.rollout.engine import HFEngine
-from echo2.rollout.vllm_engine import VLLMEngine, make_engine
+from echo2.rollout.engines import learner_engine
+from echo2.rollout.vllm_engine import VLLMEngine
 
 
 def test_unknown_engine_exits_2_naming_the_key(capsys):
@@ -24,9 +25,9 @@ def test_default_engine_is_hf(tiny):
     model, tok = tiny
     cfg = RolloutConfig()
     assert cfg.engine == "hf"
-    own = copy.deepcopy(model)  # HFEngine puts its model in eval mode; leave the shared one alone
-    engine = make_engine(cfg, model=own, tokenizer=tok, version=3, seed=0)
-    assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is own
+    config = Config(model=TinyModelConfig(), rollout=cfg, learner={"device": "cpu"})
+    engine = learner_engine(config, model=model, tokenizer=tok, version=3, device=torch.device("cpu"))
+    assert isinstance(engine, HFEngine) and engine.version == 3 and engine.model is not model  # a copy
 
 
 def test_vllm_engine_refuses_top_p_below_one_away_from_temperature_one(tiny):

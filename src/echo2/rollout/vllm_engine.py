@@ -292,35 +292,29 @@ def make_engine(
     shared: bool = False,
     device_kind: vllm_args.DeviceKind | None = None,
 ) -> Engine:
-    """The engine `config.engine` names, generating with `model`'s current weights.
-
-    "hf" generates with `model` itself (pass a copy of a model you train, as with `HFEngine`);
-    rollout/engines.py places it on a device. "vllm" loads `model_dir` when given (its weights must
+    """The vLLM engine, generating with `model`'s current weights (rollout/engines.py picks the engine
+    and calls this for "vllm"; it builds the HF engine itself). It loads `model_dir` when given (its weights must
     be `model`'s, e.g. `model_source`), else writes `model` once, in `dtype`, as a safetensors
     directory for vLLM to load (vLLM loads only from a directory) and drops it afterwards; with
     `adapters` (learner.lora) it keeps `model` as the base that LoRA adapter snapshots merge into,
     else `model` (None with `model_dir`) may be freed. `shared`: a learner trains on the same GPU."""
-    if config.engine == "hf":
-        from echo2.rollout.engine import HFEngine
+    if config.engine != "vllm":
+        raise ValueError(f"make_engine builds the vllm engine, not {config.engine!r} (rollout/engines.py)")
+    check_available(config)
+    vllm_args.check_sampling(config)  # before any directory is written
+    base = model if adapters else None  # LoRA snapshots merge into it (HF engines merge in place)
+    kwargs = dict(version=version, seed=seed, dtype=dtype, base_model=base, shared=shared)
+    if model_dir is not None:
+        return VLLMEngine(model_dir, tokenizer, config, device_kind=device_kind, **kwargs)
+    import torch
 
-        return HFEngine(model, tokenizer, config, version=version)
-    elif config.engine == "vllm":
-        check_available(config)
-        vllm_args.check_sampling(config)  # before any directory is written
-        base = model if adapters else None  # LoRA snapshots merge into it (HF engines merge in place)
-        kwargs = dict(version=version, seed=seed, dtype=dtype, base_model=base, shared=shared)
-        if model_dir is not None:
-            return VLLMEngine(model_dir, tokenizer, config, device_kind=device_kind, **kwargs)
-        import torch
-
-        tmp = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
-        try:  # in the engine's dtype: half the bytes of an fp32 copy in bf16
-            target = getattr(torch, dtype)
-            state = {k: v.detach().to(target) for k, v in model.state_dict().items()}
-            model.save_pretrained(tmp, state_dict=state)
-            del state
-            tokenizer.save_pretrained(tmp)
-            return VLLMEngine(tmp, tokenizer, config, device_kind=device_kind, **kwargs)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    raise AssertionError(config.engine)  # the config schema admits no other value
+    tmp = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
+    try:  # in the engine's dtype: half the bytes of an fp32 copy in bf16
+        target = getattr(torch, dtype)
+        state = {k: v.detach().to(target) for k, v in model.state_dict().items()}
+        model.save_pretrained(tmp, state_dict=state)
+        del state
+        tokenizer.save_pretrained(tmp)
+        return VLLMEngine(tmp, tokenizer, config, device_kind=device_kind, **kwargs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
