@@ -303,8 +303,19 @@ def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
         server.stop()
 
 
+def flip_first_byte(relay) -> None:
+    """Fault injection: from now on `relay` corrupts every chunk it forwards (the first byte flipped)."""
+    honest = relay.chunk
+
+    async def lying(version: int, index: int, wait: float) -> bytes | None:
+        data = await honest(version, index, wait)
+        return None if data is None else bytes([data[0] ^ 0xFF]) + data[1:]
+
+    relay.chunk = lying
+
+
 def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
-    """A relay with TEST-ONLY fault injection corrupts every chunk it forwards. Its child drops the
+    """A relay whose chunks are corrupted on purpose (`flip_first_byte`). Its child drops the
     first bad chunk (never stored, never forwarded), reports the relay, and gets the chunk again
     from the relay's parent (here the learner); every worker installs exactly the published bytes."""
     server, state = start_coordinator(mode="chain", chains=1)
@@ -312,7 +323,7 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
     async def scenario():
         fleet = Fleet(server.url, 6)
         liar = fleet.peers[0]
-        liar.relay.fault_flip_byte = True
+        flip_first_byte(liar.relay)
         async with fleet:
             give_score(state, liar.worker_id)
             ref = state.bcast.reference_bps()  # Speed against one reference, before and after

@@ -60,9 +60,6 @@ API = "/v1"
 STARVED_FACTOR = 3
 """A parent that sends only keep-alives for this many progress timeouts is reported as stalled
 (it had that long to notice its own upstream stalled and to reattach)."""
-FAULT_FLIP_BYTE_ENV = "ECHO2_FAULT_FLIP_BYTE"
-"""TEST-ONLY fault injection: when set to 1, `echo2 worker` relays flip one byte of every chunk
-they forward, so tests can check that receivers detect it and refetch."""
 
 
 CHILD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -179,8 +176,7 @@ class RelayServer:
 
     `upload_bucket` and `on_sent` may be set after construction (the worker learns its cap when it
     registers, after its relay must already listen). `on_sent(version, child, bytes, seconds)` is
-    called after each stream that named its `child` (the relay's account to the coordinator).
-    `fault_flip_byte` is TEST-ONLY fault injection: every forwarded chunk has its first byte flipped."""
+    called after each stream that named its `child` (the relay's account to the coordinator)."""
 
     def __init__(
         self,
@@ -189,14 +185,12 @@ class RelayServer:
         *,
         keepalive_s: float = 1.0,
         write_timeout_s: float = 60.0,
-        fault_flip_byte: bool = False,
     ) -> None:
         self.store = store
         self.upload_bucket = upload_bucket
         self.on_sent: Callable[[int, str, int, float], None] | None = None
         self.keepalive_s = keepalive_s
         self.write_timeout_s = write_timeout_s
-        self.fault_flip_byte = fault_flip_byte
         self.port: int | None = None
         self.url = ""
         self.bytes_sent = 0
@@ -232,8 +226,6 @@ class RelayServer:
         data = await self.store.wait_chunk(version, index, wait)
         if data is not None:
             self.bytes_sent += len(data)
-            if self.fault_flip_byte:  # TEST-ONLY fault injection
-                data = bytes([data[0] ^ 0xFF]) + data[1:]
         return data
 
     async def _chunks(self, request: web.Request) -> web.StreamResponse:

@@ -17,7 +17,6 @@ import os
 import signal
 
 from echo2.broadcast.chunks import SnapshotBytes
-from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
 from echo2.rollout.broadcast_client import BroadcastClient, sleep_unless
 from echo2.rollout.worker import Worker, WorkerConfig
 
@@ -41,7 +40,6 @@ class BroadcastPeer(Worker):
         advertise_host: str | None = None,
         upload_mbps: float | None = None,
         download_mbps: float | None = None,
-        fault_flip_byte: bool = False,
         learner_key: str | None = None,
         ca_file: str | None = None,
     ) -> None:
@@ -56,7 +54,6 @@ class BroadcastPeer(Worker):
             relay_advertise=advertise_host,
             upload_mbps=upload_mbps,
             download_mbps=download_mbps,
-            fault_flip_byte=fault_flip_byte,
             learner_key=learner_key,
             ca_file=ca_file,
         )
@@ -117,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             advertise_host=args.relay_advertise,
             upload_mbps=args.upload_mbps,
             download_mbps=args.download_mbps,
-            fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
             learner_key=args.learner_key,
             ca_file=args.ca_file,
         )

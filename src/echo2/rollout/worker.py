@@ -93,7 +93,7 @@ class Worker:
         self.registration: RegisterResponse | None = None
         self.heartbeat_interval = 1.0
         self.store = ChunkStore()
-        self.relay = RelayServer(self.store, fault_flip_byte=config.fault_flip_byte)
+        self.relay = RelayServer(self.store)
         self.relay.on_sent = self._on_sent
         self.pinned_key: str | None = None
         """The learner's public key for this run (hex), from the first registration."""

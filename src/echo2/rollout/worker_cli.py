@@ -152,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from echo2.broadcast.relay import FAULT_FLIP_BYTE_ENV
     from echo2.control.errors import Quarantined, Refused, Released, Unauthorized
     from echo2.rollout.worker import KeyChanged, RelayStartError, Worker, WorkerConfig
 
@@ -174,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
             relay_advertise=args.relay_advertise,
             upload_mbps=args.upload_mbps,
             download_mbps=args.download_mbps,
-            fault_flip_byte=os.environ.get(FAULT_FLIP_BYTE_ENV) == "1",
             learner_key=args.learner_key,
             ca_file=args.ca_file,
             engine=args.engine,

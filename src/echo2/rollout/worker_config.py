@@ -35,8 +35,6 @@ class WorkerConfig:
     upload_mbps: float | None = None
     download_mbps: float | None = None
     """Caps in Mbit/s; None takes the run's broadcast.worker_upload_mbps / worker_download_mbps."""
-    fault_flip_byte: bool = False
-    """TEST-ONLY fault injection: the relay corrupts every chunk it forwards."""
     learner_key: str | None = None
     """Fingerprint of the learner's public key (`echo2 learner` logs it); None: trust the first
     key seen and never accept another."""
