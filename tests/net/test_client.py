@@ -90,7 +90,8 @@ def test_the_coordinators_refusals_arrive_typed(coord):
             with pytest.raises(Invalid) as e:  # 422 future_version
                 await c.heartbeat(HeartbeatRequest(worker_id=wid, version=5))
             assert (e.value.status, e.value.reason) == (422, "future_version")
-            assert await c.heartbeat(HeartbeatRequest(worker_id=wid, version=-1)) == -1
+            beat = await c.heartbeat(HeartbeatRequest(worker_id=wid, version=-1))
+            assert (beat.published_version, beat.epoch) == (-1, state.epoch)
             assert await c.lease(LeaseRequest(worker_id=wid, version=-1, max_groups=1)) is None  # 204
             with pytest.raises(NoSnapshot):
                 await c.manifest(0)

@@ -49,10 +49,13 @@ from echo2.control.protocol import (
     API,
     FailureRequest,
     HeartbeatRequest,
+    HeartbeatResponse,
     InstalledRequest,
     LeaseRequest,
     LeaseResponse,
+    Published,
     PushRequest,
+    PushResponse,
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
@@ -260,10 +263,10 @@ class CoordinatorClient:
             del self.credentials[next(iter(self.credentials))]
         return reply
 
-    async def heartbeat(self, req: HeartbeatRequest) -> int:
-        """One heartbeat, not retried (the next one follows); returns the published version."""
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        """One heartbeat, not retried (the next one follows)."""
         reply = await self.call("POST", f"{API}/heartbeat", req, retry=NO_RETRY)
-        return int(reply["published_version"])
+        return HeartbeatResponse.model_validate(reply)
 
     async def lease(self, req: LeaseRequest) -> LeaseResponse | None:
         """A lease of prompts, or None when there is nothing to do now."""
@@ -274,9 +277,9 @@ class CoordinatorClient:
         """Give a lease back (on stop): one attempt, short timeout."""
         await self.call("POST", f"{API}/lease/return", req, retry=NO_RETRY, timeout=timeout)
 
-    async def push(self, req: PushRequest) -> dict[str, int]:
-        """Push a batch; retried safely (ingestion is idempotent). Returns accepted/duplicates."""
-        return await self.call("POST", f"{API}/trajectories", req)
+    async def push(self, req: PushRequest) -> PushResponse:
+        """Push a batch; retried safely (ingestion is idempotent)."""
+        return PushResponse.model_validate(await self.call("POST", f"{API}/trajectories", req))
 
     # ------------------------------------------------------------------ snapshot broadcast
     async def published(self, *, after: int = -1, wait: float = 20.0) -> int:
@@ -284,10 +287,11 @@ class CoordinatorClient:
         reply = await self.call(
             "GET", f"{API}/published", params={"after": after, "wait": wait}, timeout=wait + self.call_timeout
         )
-        return int(reply["version"])
+        return Published.model_validate(reply).version
 
     async def manifest(self, version: int) -> dict[str, Any]:
-        """The signed manifest of `version` as sent (the receiver validates and verifies it)."""
+        """The signed manifest of `version` as sent: the receiver parses it with `manifest_of`
+        (broadcast/chunks.py), which tells a malformed or forged manifest from a refusal."""
         return await self.call("GET", f"{API}/manifest/{version}")
 
     async def route(self, req: RouteRequest) -> Route:

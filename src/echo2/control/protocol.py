@@ -72,6 +72,13 @@ class HeartbeatRequest(_Wire):
     """Trajectories per second measured by the worker."""
 
 
+class HeartbeatResponse(_Wire):
+    published_version: int
+    """The newest version the learner published."""
+    epoch: str
+    """Which start of the learner answers (see `RegisterResponse.epoch`)."""
+
+
 class LeaseRequest(_Wire):
     worker_id: Id
     version: int = Field(ge=-1)
@@ -137,6 +144,14 @@ class PushRequest(_Wire):
     records: list[WireRecord] = Field(min_length=1, max_length=4096)
 
 
+class PushResponse(_Wire):
+    """A batch stored whole (`accepted` records), or acknowledged again (`duplicates`: records
+    already stored by an earlier push of the same batch)."""
+
+    accepted: int = Field(ge=0)
+    duplicates: int = Field(ge=0)
+
+
 class SnapshotInfo(_Wire):
     """`GET /v1/snapshot`: the newest published snapshot as a whole."""
 
@@ -146,6 +161,12 @@ class SnapshotInfo(_Wire):
 
 
 # ---------------------------------------------------------------------------- snapshot broadcast
+class Published(_Wire):
+    """`GET /v1/published`: the newest published version (-1: none yet)."""
+
+    version: int
+
+
 class RouteRequest(_Wire):
     worker_id: Id
     version: int = Field(ge=0)
