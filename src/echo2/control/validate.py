@@ -41,6 +41,10 @@ SMALL_BODY = 256 * 1024
 """Bytes of a request body on every endpoint but `POST /v1/trajectories` (which has `max_body`)."""
 LOG_CHARS = 200
 """Characters of one peer-supplied string in a log line."""
+TEXT_ALLOWED_CONTROLS = frozenset("\t\n\r")
+"""Control characters a record's strings may hold (free task text has lines and tabs); every other
+C0 or C1 control character, and any lone surrogate (which no UTF-8 encoder writes, so the journal
+could not store it), is refused at the door."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,12 +74,27 @@ def printable(text: object, limit: int = LOG_CHARS) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
+def text_problem(text: str) -> str | None:
+    """What makes `text` unfit to store (a lone surrogate, a control character other than tab and
+    newline), named by its position and code point, or None."""
+    if text.isprintable():  # the common case, in C
+        return None
+    for i, c in enumerate(text):
+        code = ord(c)
+        if 0xD800 <= code <= 0xDFFF:
+            return f"lone surrogate U+{code:04X} at character {i}"
+        if (code < 0x20 or 0x7F <= code <= 0x9F) and c not in TEXT_ALLOWED_CONTROLS:
+            return f"control character U+{code:04X} at character {i}"
+    return None
+
+
 # ---------------------------------------------------------------------------- metadata
 def metadata_problem(
     value: Any, *, depth: int = METADATA_DEPTH, nodes: int = METADATA_NODES, chars: int = METADATA_CHARS
 ) -> str | None:
     """What is wrong with a record's metadata (too deep, too many values, too long, a non-finite
-    number), or None. Iterative, so a hostile depth cannot exhaust the stack."""
+    number, a string or key that `text_problem` refuses), or None. Iterative, so a hostile depth
+    cannot exhaust the stack."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     seen = used = 0
     while stack:
@@ -88,11 +107,16 @@ def metadata_problem(
                 return f"metadata nested deeper than {depth}"
             if isinstance(item, dict):
                 used += sum(len(str(k)) for k in item)
+                for k in item:
+                    if isinstance(k, str) and (bad := text_problem(k)):
+                        return f"metadata key {printable(k, 64)!r}: {bad}"
                 stack.extend((v, level + 1) for v in item.values())
             else:
                 stack.extend((v, level + 1) for v in item)
         elif isinstance(item, str):
             used += len(item)
+            if bad := text_problem(item):
+                return f"metadata string: {bad}"
         elif isinstance(item, float) and not math.isfinite(item):
             return "metadata holds a non-finite number"
         if used > chars:
@@ -113,9 +137,14 @@ def record_problem(record: Trajectory, *, reward_range: tuple[float, float]) -> 
             not lps or (math.isfinite(sum(lps)) and min(lps) >= MIN_LOGPROB and max(lps) <= LOGPROB_TOLERANCE)
         )
         and set(mask) <= {0, 1}
+        and record.record_id.isprintable()
+        and record.group_id.isprintable()
     ):  # the common case, in C; any doubt goes through the rules below, which name the value
         return None
     where = f"record {printable(record.record_id, 64)}"
+    for name in ("record_id", "group_id"):
+        if bad := text_problem(getattr(record, name)):
+            return Problem(reason="malformed", detail=f"{where}: {name}: {bad}")
     if not math.isfinite(record.reward):
         return Problem(reason="non_finite_reward", detail=f"{where}: reward {record.reward}")
     if not low <= record.reward <= high:
