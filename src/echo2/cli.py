@@ -95,6 +95,27 @@ def _parser() -> argparse.ArgumentParser:
         metavar="POOL.toml",
         help="[[workers]] tables with name, count, throughput (trajectories/s), price (USD/h)",
     )
+    pl.add_argument(
+        "--catalog",
+        choices=("skypilot",),
+        help="candidate workers from a GPU price catalog (instead of --pool), with --throughputs",
+    )
+    pl.add_argument(
+        "--catalog-dir",
+        metavar="DIR",
+        help="catalog in SkyPilot's layout, DIR/CLOUD/vms.csv (default: SkyPilot's own, fetched by sky)",
+    )
+    pl.add_argument(
+        "--throughputs",
+        metavar="FILE.toml",
+        help="[throughput] ACCELERATOR = trajectories/s of one worker; max_workers per type",
+    )
+    pl.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --catalog: offline (prices from --catalog-dir only); prints the "
+        "[[scheduler.skypilot.workers]] tables to rent and starts nothing",
+    )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     from echo2.memplan_cli import add_flags as add_memory_flags  # light: argparse only
 
@@ -115,10 +136,15 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
         return memory_plan(args, extra)
     if extra:
         raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
-    capacity = ("t_train", "t_bcast", "batch", "staleness", "pool")  # required unless --memory
+    pool_from = ("catalog", "throughputs") if args.catalog else ("pool",)
+    capacity = ("t_train", "t_bcast", "batch", "staleness", *pool_from)  # required unless --memory
     missing = [f"--{k.replace('_', '-')}" for k in capacity if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"{', '.join(missing)}: required (or --memory CONFIG.toml --gpu NAME)")
+    if args.catalog and args.pool:
+        raise ConfigError("--pool: give either --pool or --catalog, not both")
+    if args.dry_run and not args.catalog_dir:
+        raise ConfigError("--catalog-dir: --dry-run reads prices offline, from a catalog directory")
 
     from pydantic import ValidationError
 
@@ -138,6 +164,12 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
         )
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
+    if args.catalog:
+        from echo2.control.catalog import plan_from_catalog
+
+        plan, text = plan_from_catalog(inp, catalog_dir=args.catalog_dir, throughputs=args.throughputs)
+        print(json.dumps(plan, indent=2) if args.json else text)
+        return 0 if plan["feasible"] else 1
     plan = make_plan(inp, load_pool(args.pool))
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     return 0 if plan["feasible"] else 1  # infeasible: no pool of this kind keeps the learner busy

@@ -231,6 +231,62 @@ class CoordinatorConfig(_Section):
 
 
 # ---------------------------------------------------------------------------- scheduler
+class SkyPilotWorkerConfig(_Section):
+    """One worker type rented through SkyPilot: what the scheduler weighs (count, throughput, price)
+    and the SkyPilot resources one worker of it runs on (control/skypilot.py builds the task)."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9-]*$")
+    """Type name; its workers are named NAME-0, NAME-1, ... and so are their clusters (with the
+    prefix). Lower case, digits and dashes: it must be a valid cluster name on every cloud."""
+    count: int = Field(ge=1)
+    """At most this many of the type run at once."""
+    throughput: float = Field(gt=0, allow_inf_nan=False)
+    """Trajectories per second of one worker (declared or calibrated)."""
+    price: float = Field(ge=0, allow_inf_nan=False)
+    """USD per hour of one worker (`echo2 plan --catalog skypilot` fills it from the catalog)."""
+    accelerator: str = Field(min_length=1)
+    """SkyPilot accelerator name, e.g. "RTX4090", "L40S", "H100"."""
+    accelerator_count: int = Field(1, ge=1)
+    """Accelerators per worker."""
+    infra: list[str] = Field(default_factory=list)
+    """Where it may run, SkyPilot `infra` strings ("runpod", "vast", "lambda/us-east-1", "k8s");
+    several: SkyPilot picks the cheapest that has capacity. Empty: any enabled cloud."""
+    spot: bool = False
+    """Spot (preemptible) instances; a preempted worker marks its type unavailable for a while."""
+    disk_gb: int | None = Field(None, ge=10)
+    """OS disk size in GiB (default: SkyPilot's)."""
+    image: str | None = None
+    """SkyPilot `image_id`, e.g. "docker:vllm/vllm-openai:v0.11.0" (default: the cloud's GPU image)."""
+
+
+class SkyPilotConfig(_Section):
+    """`scheduler.provider = "skypilot"`: rent workers through SkyPilot (docs/fleet.md)."""
+
+    coordinator_url: str = Field(pattern=r"^https?://")
+    """The coordinator's public URL, as the rented workers reach it."""
+    install: str = "pip install 'echo2[gpu]'"
+    """Setup command that installs echo2 on a rented machine (run once per cluster)."""
+    workers: list[SkyPilotWorkerConfig] = Field(min_length=1)
+    """The worker types to rent from (`echo2 plan --catalog skypilot` prints these tables)."""
+    autostop_minutes: int = Field(10, ge=1)
+    """Every cluster is torn down after this many idle minutes (autodown): the safety net that
+    leaves no machine billing after a learner that died without stopping its fleet."""
+    unavailable_s: float = Field(600.0, gt=0)
+    """A type whose launch failed (no capacity, quota) or whose worker was preempted or lost is
+    not offered again for this long; the scheduler picks the next cheapest meanwhile."""
+    poll_s: float = Field(5.0, gt=0)
+    """Seconds between polls of SkyPilot's requests and cluster statuses (off the coordinator)."""
+    cluster_prefix: str = Field("echo2", min_length=1, max_length=20, pattern=r"^[a-z][a-z0-9-]*$")
+    """Clusters are named PREFIX-WORKER (e.g. echo2-rtx4090-runpod-0): `sky status` shows them."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> SkyPilotConfig:
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ValueError("scheduler.skypilot.workers: names must be unique")
+        return self
+
+
 class SchedulerConfig(_Section):
     enabled: bool = False
     """Keep pool throughput at gamma * mu_min: newcomers wait in standby, the cheapest per unit of
@@ -243,9 +299,12 @@ class SchedulerConfig(_Section):
     """Release only while capacity exceeds the target by more than this share."""
     window_s: float = Field(30.0, gt=0)
     """Sliding window over heartbeat throughput reports."""
-    provider: Literal["none", "local"] = "none"
+    provider: Literal["none", "local", "skypilot"] = "none"
     """"none": standby workers are running processes that get no leases. "local": the scheduler
-    starts and stops worker processes on this machine from the offers in `pool` (`echo2 run`)."""
+    starts and stops worker processes on this machine from the offers in `pool` (`echo2 run`).
+    "skypilot": it rents and stops cloud workers through SkyPilot (`skypilot`, docs/fleet.md)."""
+    skypilot: SkyPilotConfig | None = None
+    """The SkyPilot provider's worker types and settings."""
     pool: str | None = None
     """POOL.toml for the local provider, in `echo2 plan --pool` format: [[workers]] with name, count,
     throughput (trajectories/s, expected) and price (USD/hour)."""
@@ -268,6 +327,14 @@ class SchedulerConfig(_Section):
         if self.provider == "local" and not self.enabled:
             raise ValueError(
                 "scheduler.enabled: the local provider is driven by the scheduler; set it to true"
+            )
+        if self.provider == "skypilot" and self.skypilot is None:
+            raise ValueError(
+                "scheduler.skypilot: the skypilot provider needs its [scheduler.skypilot] section"
+            )
+        if self.provider == "skypilot" and not self.enabled:
+            raise ValueError(
+                "scheduler.enabled: the skypilot provider is driven by the scheduler; set it to true"
             )
         return self
 
