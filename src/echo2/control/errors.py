@@ -43,6 +43,7 @@ class Reason(StrEnum):
     WRONG_PROMPT = "wrong_prompt"
     REWARD_MISMATCH = "reward_mismatch"
     LOGPROB_MISMATCH = "logprob_mismatch"
+    WRONG_VERSION = "wrong_version"
     QUARANTINED = "quarantined"
     LEASE_LIMIT = "lease_limit"
     NOT_FOUND = "not_found"
@@ -66,6 +67,7 @@ INVALID = frozenset(
         Reason.WRONG_PROMPT,
         Reason.REWARD_MISMATCH,
         Reason.LOGPROB_MISMATCH,
+        Reason.WRONG_VERSION,
     }
 )
 """The reasons an `Invalid` (422) carries: the request breaks a rule and will be refused again."""

@@ -22,6 +22,7 @@ INTEGRITY = frozenset(
         Reason.REWARD_OUT_OF_RANGE,
         Reason.BAD_LOGPROB,
         Reason.BAD_MASK,
+        Reason.WRONG_VERSION,
         Reason.DUPLICATE_ID,
         Reason.WRONG_PROMPT,
         Reason.REWARD_MISMATCH,

@@ -124,6 +124,9 @@ class Lease:
     index_of: dict[str, int]
     """Each leased group's prompt index (the referee, the journal and the buffer hand-off read it)."""
     deadline: float
+    version: int = -1
+    """The version the worker asked with (its installed one): its records may not claim an older
+    one, which would widen the learner's log-prob bounds (learning/verify.py: `StepCheck`)."""
     done_groups: set[str] = field(default_factory=set)
 
     @property
@@ -177,7 +180,14 @@ class Leases:
         return version >= max(0, self.buffer.min_version())
 
     def issue(
-        self, lease_id: str, worker_id: str, *, max_groups: int, now: float, deadline_s: float | None = None
+        self,
+        lease_id: str,
+        worker_id: str,
+        *,
+        max_groups: int,
+        now: float,
+        deadline_s: float | None = None,
+        version: int = -1,
     ) -> Lease:
         """Reissued prompts first, then new ones; due in `deadline_s` (default: the lease timeout)."""
         assert lease_id not in self.leases, f"lease id {lease_id!r} issued twice"
@@ -193,6 +203,7 @@ class Leases:
             indices=tuple(indices),
             index_of={self.group_id_of(i): i for i in indices},
             deadline=now + (self.lease_timeout if deadline_s is None else deadline_s),
+            version=version,
         )
         self.leases[lease_id] = lease
         self.delivery.setdefault(worker_id, Delivery()).opened(now)
@@ -327,6 +338,10 @@ class Leases:
                 )
             if r.version < floor:
                 raise Stale(f"{where}: version {r.version} < learner version - S = {floor}")
+            if r.version < lease.version:
+                raise InvalidBatch(
+                    Reason.WRONG_VERSION, f"{where}: version {r.version} < {lease.version}, the lease's"
+                )
             if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
                 raise InvalidBatch(
                     Reason.TOO_LONG,

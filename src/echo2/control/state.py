@@ -327,7 +327,7 @@ class CoordinatorState(IngestCalls, BroadcastCalls):
                 lease_timeout=self.ingestion.lease_timeout,
             )
             return self.ingestion.issue(
-                self.ids(), worker_id, max_groups=groups, now=now, deadline_s=deadline_s
+                self.ids(), worker_id, max_groups=groups, now=now, deadline_s=deadline_s, version=version
             )
 
     def return_lease(self, worker_id: str, lease_id: str) -> None:

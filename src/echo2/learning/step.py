@@ -20,7 +20,7 @@ from echo2.learning import distributed
 from echo2.learning.corrections import ratio_diagnostics
 from echo2.learning.device import on_device, precision, resolved_learner
 from echo2.learning.grpo import batch_advantages, group_advantages, grpo_loss
-from echo2.learning.verify import StepCheck, finite, logratio_outliers
+from echo2.learning.verify import StepCheck, finite
 from echo2.models import token_logprobs
 from echo2.records import Trajectory
 
@@ -165,7 +165,7 @@ def _leave_out_outliers(batch, logp: torch.Tensor, rows: list[Trajectory], check
     """`batch` without the rows whose log-probs disagree with `logp`: their mask is zeroed and their
     behaviour log-probs replaced by the learner's (a ratio of 1), so not even an overflowing ratio
     multiplied by zero reaches the loss."""
-    bad = logratio_outliers(logp, batch.behaviour_logprobs, batch.loss_mask, check.bounds(rows, newest))
+    bad = check.outliers(logp, batch.behaviour_logprobs, batch.loss_mask, rows, newest)
     if not bool(bad.any()):
         return batch
     check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)

@@ -10,8 +10,9 @@ this module checks what only the learner's side can.
   `verifiable = False`; its prompts and masks are still checked. An environment task's episode is
   replayed against the env (rollout/replay.py): env tokens, masks, return and outcome.
 - `StepCheck` (run inside `train_step`): a record whose behaviour log-probs disagree with the
-  learner's own recomputation, beyond what its staleness explains, is left out of the step and
-  reported; a step whose loss or gradient is not finite is not applied.
+  learner's own recomputation, beyond what its staleness explains, in the mean over its tokens or
+  in any one token, is left out of the step and reported; a step whose loss or gradient is not
+  finite is not applied.
 
 Knows tasks, tokenizers and tensors; no network, no coordinator state (it returns problems and
 lists; the caller counts them and strikes the workers).
@@ -81,6 +82,15 @@ class TaskReferee:
 
 
 # ---------------------------------------------------------------------------- inside the step
+TOKEN_LOGRATIO = 4.0
+"""Bound on any one loss token's |learner log-prob - behaviour log-prob| for a fresh record (a
+record s versions stale gets (1 + s) times it). Honest engines disagree with the fp32 learner by at
+most 0.29 (HF in bf16, 1,374 tokens of SmolLM2-135M: `cd bench && python token_tolerance.py`) and
+0.38 (vLLM in bf16, docs/benchmarks.md) per token; 4 nats (a probability off by 55x) is over ten
+times that, and refuses one token forged 20 nats off however the record's other tokens compensate
+in the mean."""
+
+
 @dataclass(slots=True, kw_only=True)
 class StepCheck:
     """What `train_step` verifies, and what it refused."""
@@ -88,6 +98,8 @@ class StepCheck:
     max_logratio: float | None
     """Bound on |mean over a record's loss tokens of (learner log-prob - behaviour log-prob)| for a
     fresh record; a record s versions stale gets (1 + s) times it. None: no check."""
+    max_token_logratio: float = TOKEN_LOGRATIO
+    """Bound on each loss token's |learner log-prob - behaviour log-prob|, scaled as the mean's."""
     learner_version: int | None = None
     """The version the step trains from (None: the newest record's version + `staleness`, the
     loosest admissible, as ranks > 0 under torchrun see it)."""
@@ -97,22 +109,54 @@ class StepCheck:
     skipped: bool = False
     """The step was not applied (loss or gradient not finite)."""
 
+    def scales(self, records: list[Trajectory], newest: int) -> torch.Tensor:
+        """Per-record factor [B] of the bounds: 1 + the record's staleness. A record's version is
+        never older than the one its lease was issued for (control/leases.py), so a worker cannot
+        widen its bounds by claiming an older one."""
+        version = self.learner_version if self.learner_version is not None else newest + self.staleness
+        return torch.tensor([1.0 + max(0, version - r.version) for r in records])
+
     def bounds(self, records: list[Trajectory], newest: int) -> torch.Tensor:
         """Per-record bound [B] on the mean log-ratio."""
         assert self.max_logratio is not None
-        version = self.learner_version if self.learner_version is not None else newest + self.staleness
-        return torch.tensor([self.max_logratio * (1 + max(0, version - r.version)) for r in records])
+        return self.max_logratio * self.scales(records, newest)
+
+    def outliers(
+        self,
+        logp: torch.Tensor,
+        behaviour: torch.Tensor,
+        mask: torch.Tensor,
+        records: list[Trajectory],
+        newest: int,
+    ) -> torch.Tensor:
+        """Rows [B] of `records` whose mean or any one token's log-ratio is out of bounds."""
+        assert self.max_logratio is not None
+        scales = self.scales(records, newest)
+        return logratio_outliers(
+            logp, behaviour, mask, self.max_logratio * scales, token_bounds=self.max_token_logratio * scales
+        )
 
 
 def logratio_outliers(
-    logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, bounds: torch.Tensor
+    logp: torch.Tensor,
+    behaviour: torch.Tensor,
+    mask: torch.Tensor,
+    bounds: torch.Tensor,
+    *,
+    token_bounds: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rows [B] whose |mean over loss tokens of (logp - behaviour)| exceeds their bound (or is not
-    finite). logp, behaviour, mask: [B, K]; bounds: [B]."""
+    """Rows [B] whose |mean over loss tokens of (logp - behaviour)| exceeds their bound, or one of
+    whose loss tokens' |logp - behaviour| exceeds its token bound, or whose log-ratio is not finite.
+    logp, behaviour, mask: [B, K]; bounds, token_bounds: [B]."""
     with torch.no_grad():
         n = mask.sum(dim=1).clamp(min=1)
-        mean = ((logp.detach().float() - behaviour.float()) * mask).nan_to_num(nan=math.inf).sum(dim=1) / n
-        return ~(mean.abs() <= bounds.to(mean.device))
+        diff = ((logp.detach().float() - behaviour.float()) * mask).nan_to_num(nan=math.inf)
+        mean = diff.sum(dim=1) / n
+        bad = ~(mean.abs() <= bounds.to(mean.device))
+        if token_bounds is not None:
+            worst = diff.abs().amax(dim=1) if diff.numel() else torch.zeros_like(mean)
+            bad |= ~(worst <= token_bounds.to(mean.device))
+        return bad
 
 
 def finite(*values: float) -> bool:
