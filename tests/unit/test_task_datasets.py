@@ -15,7 +15,7 @@ import pytest
 
 from echo2.config import ConfigError, MathTaskConfig
 from echo2.data.tasks import make_task
-from echo2.data.tasks.math import TaskFileError
+from echo2.data.tasks.rows import TaskFileError
 
 ROWS = {"problem": ["1+1?", "2+3?", "4*4?", "9-2?"], "solution": ["2", "5", "16", "7"], "level": [1, 1, 2, 1]}
 

@@ -10,7 +10,7 @@ import pytest
 from echo2.config import ArithmeticTaskConfig, MathTaskConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.arithmetic import extract_integer
-from echo2.data.tasks.math import TaskFileError
+from echo2.data.tasks.rows import TaskFileError
 
 
 @pytest.mark.parametrize(

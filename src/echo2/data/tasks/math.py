@@ -2,7 +2,7 @@
 rows.py), flat or nested as DAPO-Math-17k's rows, answers checked with math-verify.
 
 Rows are validated when the task is built: a missing field or a bad row raises `TaskFileError`
-naming the file, the line (row) and the field, before any model is loaded.
+naming the file, the line (row) and the field, before any model is loaded (both live in rows.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import random
 from echo2.config import MathTaskConfig
 from echo2.data.tasks.base import Prompt, Score, full_loss_mask, stable_id
 from echo2.data.tasks.rows import Messages, TaskFileError, read_rows
-
-__all__ = ["MathTask", "TaskFileError", "read_rows"]
 
 
 class MathTask:
