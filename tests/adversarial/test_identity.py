@@ -173,6 +173,7 @@ def test_honest_relays_are_credited_through_both_accounts():
     import random
 
     from echo2.rollout.broadcast_peer import BroadcastPeer
+    from echo2.rollout.worker_config import PeerConfig
 
     state = make_state(
         broadcast=BroadcastPolicy(mode="chain", chunk_size=64 * 1024, uplink_budget_bps=1e6, worker_bps=1e6)
@@ -184,7 +185,8 @@ def test_honest_relays_are_credited_through_both_accounts():
 
     async def scenario():
         stop = asyncio.Event()
-        peers = [BroadcastPeer(server.url, TOKEN, f"p{i}", relay_host="127.0.0.1") for i in range(3)]
+        config = {"url": server.url, "token": TOKEN, "inbound": True, "relay_host": "127.0.0.1"}
+        peers = [BroadcastPeer(PeerConfig(**config, name=f"p{i}")) for i in range(3)]
         tasks = [asyncio.create_task(p.run(stop)) for p in peers]
         try:
             while not all(p.client is not None for p in peers):

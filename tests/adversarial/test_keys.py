@@ -23,7 +23,7 @@ from echo2.control.coordinator import Coordinator
 from echo2.control.identity import fingerprint
 from echo2.control.protocol import RegisterRequest
 from echo2.rollout.broadcast_peer import BroadcastPeer
-from echo2.rollout.worker import KeyChanged
+from echo2.rollout.worker_config import KeyChanged, PeerConfig
 
 TOKEN = "key-token"
 CHUNK = 64 * 1024
@@ -61,7 +61,7 @@ def test_a_key_swapped_at_re_registration_stops_the_worker():
         proxy = KeySwapProxy(server.url, fake, CHUNK)
         await proxy.start()
         stop = asyncio.Event()
-        peer = BroadcastPeer(proxy.url, TOKEN, "victim", inbound=False)
+        peer = BroadcastPeer(PeerConfig(url=proxy.url, token=TOKEN, name="victim"))
         task = asyncio.create_task(peer.run(stop))
         try:
             real = snapshot(0)
@@ -69,7 +69,7 @@ def test_a_key_swapped_at_re_registration_stops_the_worker():
             await until(lambda: 0 in peer.installed, "the real version 0")
             assert peer.installed[0] == hashlib.sha256(real).hexdigest()
             proxy.swap = True  # from now on: the proxy's key, manifests and chunks
-            await until(lambda: task.done() or peer.counts["reregistered"] >= 1, "a re-registration")
+            await until(lambda: task.done() or peer.member.reregistered >= 1, "a re-registration")
             await asyncio.sleep(0.5)
             state.publish(1, snapshot(1), keep=2)
             await asyncio.sleep(2.0)  # time to fetch and install version 1 through the proxy
@@ -97,12 +97,14 @@ def test_a_worker_given_the_fingerprint_refuses_another_key_at_once():
         await proxy.start()
         stop = asyncio.Event()
         pinned = fingerprint(state.public_key)
-        peer = BroadcastPeer(proxy.url, TOKEN, "victim", inbound=False, learner_key=pinned)
+        peer = BroadcastPeer(PeerConfig(url=proxy.url, token=TOKEN, name="victim", learner_key=pinned))
         try:
             with pytest.raises(KeyChanged, match="learner-key"):
                 await peer.run(stop)
             assert peer.installed == {}
-            honest = BroadcastPeer(server.url, TOKEN, "direct", inbound=False, learner_key=pinned[:16])
+            honest = BroadcastPeer(
+                PeerConfig(url=server.url, token=TOKEN, name="direct", learner_key=pinned[:16])
+            )
             task = asyncio.create_task(honest.run(stop))
             await until(lambda: honest.client is not None, "the honest registration")
             assert not task.done()

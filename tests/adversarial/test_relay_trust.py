@@ -16,6 +16,7 @@ from support import make_state
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.rollout.broadcast_peer import BroadcastPeer
+from echo2.rollout.worker_config import PeerConfig
 
 TOKEN = "relay-trust-token"
 CHUNK = 512 * 1024
@@ -52,7 +53,7 @@ async def honest_peer_behind(hostile: HostileRelay, *, arm=None, wait_s: float =
         mallory = await register_relay(server.url, TOKEN, hostile.port)
         for t in range(10):  # a fine history: the planner makes it the chain's head
             state.bcast._stats(mallory["worker_id"]).record_transfer(10**8, 1.0, now=state.clock() + t)
-        peer = BroadcastPeer(server.url, TOKEN, "honest", inbound=False)
+        peer = BroadcastPeer(PeerConfig(url=server.url, token=TOKEN, name="honest"))
         tasks += [
             asyncio.create_task(keep_alive(server.url, mallory, stop)),
             asyncio.create_task(peer.run(stop)),

@@ -17,6 +17,7 @@ from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.errors import Invalid
 from echo2.rollout.broadcast_peer import BroadcastPeer
+from echo2.rollout.worker_config import PeerConfig
 
 TOKEN = "epoch-token"
 CHUNK = 64 * 1024
@@ -57,7 +58,7 @@ def test_a_worker_ahead_of_a_restarted_learner_drops_its_version_and_reinstalls(
     async def scenario():
         nonlocal second
         stop = asyncio.Event()
-        peer = BroadcastPeer(first.url, TOKEN, "w", inbound=False)
+        peer = BroadcastPeer(PeerConfig(url=first.url, token=TOKEN, name="w"))
         task = asyncio.create_task(peer.run(stop))
         try:
             for v in range(3):

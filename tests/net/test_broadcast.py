@@ -26,6 +26,7 @@ from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState
 from echo2.rollout.broadcast_peer import BroadcastPeer
+from echo2.rollout.worker_config import PeerConfig
 
 TOKEN = "bcast-token"
 CHUNK = 64 * 1024
@@ -62,7 +63,8 @@ class Fleet:
     """Broadcast-only workers in this event loop; `kill` cancels one (its relay cuts its streams)."""
 
     def __init__(self, url: str, n: int, **kw) -> None:
-        self.peers = [BroadcastPeer(url, TOKEN, f"p{i}", **kw) for i in range(n)]
+        local = {"url": url, "token": TOKEN, "inbound": True, "relay_host": "127.0.0.1"}
+        self.peers = [BroadcastPeer(PeerConfig(**local, name=f"p{i}", **kw)) for i in range(n)]
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
 
@@ -202,9 +204,9 @@ def test_relay_killed_mid_broadcast():
             digest = publish(state, 0)
             chain = state.bcast.plans[0].chains[0]
             victim, child = fleet.by_id(chain[1]), fleet.by_id(chain[2])
-            while len(victim.store.chunks.get(0, {})) < 4:
+            while len(victim.member.store.chunks.get(0, {})) < 4:
                 await asyncio.sleep(0.01)
-            assert not victim.store.complete(0), "killed mid-broadcast"
+            assert not victim.member.store.complete(0), "killed mid-broadcast"
             await fleet.kill(victim)
             survivors = [p for p in fleet.peers if p is not victim]
             await fleet.installed(0, survivors)
@@ -243,7 +245,7 @@ def test_relay_that_stops_making_progress_is_excised():
     async def scenario():
         fleet = Fleet(server.url, 6)
         staller = fleet.peers[0]
-        staller.relay = StallingRelay(staller.store)
+        staller.member.relay = StallingRelay(staller.member.store)
         async with fleet:
             give_score(state, staller.worker_id)  # the seed: it has a child
             digest = publish(state, 0)
@@ -278,7 +280,7 @@ def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
             with state.lock:  # B0 = 2.5 x the measured Bw_hat: two chains again
                 policy = state.bcast.policy
                 state.bcast.policy = dataclasses.replace(policy, uplink_budget_bps=2.5 * state.bcast.bw_hat())
-            slow.relay.upload_bucket = TokenBucket(1e5)
+            slow.member.relay.upload_bucket = TokenBucket(1e5)
             give_score(state, slow.worker_id)  # the first seed, with a child
             digest = publish(state, 1)
             child_id = state.bcast.plans[1].child_of(slow.worker_id)
@@ -323,7 +325,7 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
     async def scenario():
         fleet = Fleet(server.url, 6)
         liar = fleet.peers[0]
-        flip_first_byte(liar.relay)
+        flip_first_byte(liar.member.relay)
         async with fleet:
             give_score(state, liar.worker_id)
             ref = state.bcast.reference_bps()  # Speed against one reference, before and after
@@ -333,7 +335,7 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
             await fleet.installed(0)
             assert {p.installed[0] for p in fleet.peers} == {digest}, "only verified bytes installed"
             assert (0, liar.worker_id, "bad_chunk") in child.client.failures
-            assert child.store.complete(0) and child.store.assemble(0) == snapshot_bytes(0)
+            assert child.member.store.complete(0) and child.member.store.assemble(0) == snapshot_bytes(0)
             after = state.bcast.stats[liar.worker_id].score(state.clock(), ref)
             assert after < before, "the lying relay's score fell"
             # next publication: it is not a seed any more, and it gets no child for version 0
@@ -361,7 +363,7 @@ def test_manifest_with_a_bad_signature_is_refused():
             while not all(0 in p.client.refused or 0 in p.installed for p in fleet.peers):
                 await asyncio.sleep(0.02)
             assert all("signature" in p.client.refused.get(0, "") for p in fleet.peers)
-            assert all(0 not in p.installed and 0 not in p.store.manifests for p in fleet.peers)
+            assert all(0 not in p.installed and 0 not in p.member.store.manifests for p in fleet.peers)
             assert all(p.client.installed_version == -1 for p in fleet.peers)
             state.signing_key = good_key
             digest = publish(state, 1)
@@ -391,7 +393,7 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             assert state.workers[first].status.value == "lost"
             while peer.worker_id == first:
                 await asyncio.sleep(0.02)
-            assert peer.counts["reregistered"] == 1 and peer.client.worker_id == peer.worker_id
+            assert peer.member.reregistered == 1 and peer.client.worker_id == peer.worker_id
             digest = publish(state, 0)
             await fleet.installed(0)
             assert peer.installed[0] == digest

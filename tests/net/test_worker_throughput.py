@@ -15,7 +15,8 @@ from echo2.config import load_config
 from echo2.control.remote import RemoteRollout
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
-from echo2.rollout.worker import Worker, WorkerConfig
+from echo2.rollout.worker import Worker
+from echo2.rollout.worker_config import WorkerConfig
 
 
 def test_standby_workers_report_a_calibrated_or_declared_throughput(tmp_path):

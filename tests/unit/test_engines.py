@@ -186,7 +186,8 @@ def test_a_worker_picks_its_own_engine_and_loads_no_hf_model_for_vllm(tiny, hf_d
 
 def test_the_worker_flag_reaches_the_engine_it_builds(tiny, fake_vllm):
     """`echo2 worker --engine vllm` against a run whose rollout.engine is hf (Worker._build)."""
-    from echo2.rollout.worker import Worker, WorkerConfig
+    from echo2.rollout.worker import Worker
+    from echo2.rollout.worker_config import WorkerConfig
 
     worker = Worker.__new__(Worker)
     worker.config = WorkerConfig(url="http://x:1", token="t", name="w", engine="vllm")

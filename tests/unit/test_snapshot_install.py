@@ -26,7 +26,8 @@ from echo2.rollout.vllm_ext import (
     tied_aliases,
     with_tied_aliases,
 )
-from echo2.rollout.worker import Worker, WorkerConfig
+from echo2.rollout.worker import Worker
+from echo2.rollout.worker_config import WorkerConfig
 
 LLAMA_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 """vllm/model_executor/models/llama.py (and qwen3.py) `packed_modules_mapping`."""

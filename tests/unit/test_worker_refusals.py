@@ -14,7 +14,8 @@ import pytest
 from echo2.cli import main
 from echo2.control import client, errors
 from echo2.rollout import worker as worker_module
-from echo2.rollout.worker import Worker, WorkerConfig
+from echo2.rollout.worker import Worker
+from echo2.rollout.worker_config import WorkerConfig
 
 
 def answer(status: int, reason: str) -> errors.Refused:
@@ -47,7 +48,7 @@ class FakeCoordinator:
 
 def make_worker(coordinator: FakeCoordinator) -> Worker:
     w = Worker(WorkerConfig(url="http://127.0.0.1:9", token="t", name="w"))
-    w.coordinator, w.worker_id = coordinator, "w1"
+    w.member.coordinator, w.member.worker_id = coordinator, "w1"
     w.run_config = SimpleNamespace(
         coordinator=SimpleNamespace(groups_per_lease=1), rollout=SimpleNamespace(prompts_per_step=1)
     )
@@ -108,16 +109,16 @@ def test_quarantined_is_not_taken_for_a_lost_credential():
     async def rejoin(seen, refusal) -> None:
         rejoined.append(refusal.reason)
 
-    w.rejoin = rejoin
+    w.member.rejoin = rejoin
 
     async def refuse(status: int, reason: str) -> None:
         raise answer(status, reason)
 
     async def scenario() -> None:
         stop = asyncio.Event()
-        await w._as_member(stop, lambda: refuse(403, "forbidden"))
+        await w.member.as_member(stop, lambda: refuse(403, "forbidden"))
         with pytest.raises(errors.Quarantined):
-            await w._as_member(stop, lambda: refuse(403, "quarantined"))
+            await w.member.as_member(stop, lambda: refuse(403, "quarantined"))
         assert not stop.is_set()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))

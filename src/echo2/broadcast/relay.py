@@ -8,8 +8,8 @@ while it is still receiving them (store-and-forward per chunk), and receives wit
 chunk against the signed manifest before storing it (so before its own relay can hand it on), and
 on a dead, stalled or lying parent reports it and resumes from its first missing chunk with the new
 parent the coordinator names. `echo2 worker` uses these three; `BroadcastPeer` is a whole
-broadcast-only worker built from them (what `python bench/broadcast.py` runs, one per host or network
-namespace), and `python -m echo2.rollout.broadcast_peer --coordinator URL --token T --name N [--inbound]`
+broadcast-only worker built from them (through rollout/membership.py: what `python bench/broadcast.py`
+runs, one per host or network namespace), and `python -m echo2.rollout.broadcast_peer --coordinator URL --token T --name N [--inbound]`
 runs one as a process.
 
 API, all coroutines run in one event loop::
@@ -28,7 +28,7 @@ API, all coroutines run in one event loop::
     await client.follow(stop, install)              # or: all of the above for every new version
     await coordinator.close(); await relay.stop()
 
-    peer = BroadcastPeer(coordinator_url, TOKEN, "name", inbound=True, download_mbps=100)
+    peer = BroadcastPeer(PeerConfig(url=coordinator_url, token=TOKEN, name="name", inbound=True))
     await peer.run(stop)                            # until stop is set; peer.installed: {v: sha256}
 
 What the coordinator serves for this (docs/protocol.md): `GET /v1/published?after=V`,

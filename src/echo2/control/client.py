@@ -29,7 +29,7 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from pydantic import BaseModel
@@ -43,6 +43,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from echo2.aio import sleep_unless
 from echo2.control import errors
 from echo2.control.errors import Refused
 from echo2.control.protocol import (
@@ -65,9 +66,6 @@ from echo2.control.protocol import (
 )
 
 logger = logging.getLogger(__name__)
-
-M = TypeVar("M", bound=BaseModel)
-
 
 # ---------------------------------------------------------------------------- refusals
 class ServerError(Exception):
@@ -246,13 +244,7 @@ class CoordinatorClient:
             ) from e
 
     async def _sleep(self, seconds: float) -> None:
-        if self.stop is None:
-            await asyncio.sleep(seconds)
-            return
-        try:
-            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
+        await (asyncio.sleep(seconds) if self.stop is None else sleep_unless(self.stop, seconds))
 
     # ------------------------------------------------------------------ rollout
     async def register(self, req: RegisterRequest) -> RegisterResponse:

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from echo2.aio import sleep_unless, unless
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, manifest_of
 from echo2.broadcast.meter import ParentFailed, RelayMeter
@@ -356,7 +357,7 @@ class BroadcastClient:
                     await asyncio.gather(*tasks.values(), return_exceptions=True)
                     tasks.clear()
                 try:
-                    latest = await _unless(stop, self.wait_published(after=self._newest), also=self._rewind)
+                    latest = await unless(stop, self.wait_published(after=self._newest), also=self._rewind)
                 except (aiohttp.ClientError, OSError, Refused) as e:
                     logger.debug("waiting for a version: %r", e)
                     await sleep_unless(stop, retry_s)
@@ -385,24 +386,3 @@ class BroadcastClient:
 def _chunk_len(manifest: Manifest, index: int) -> int:
     start, end = manifest.chunk_range(index)
     return end - start
-
-
-async def _unless(stop: asyncio.Event, coro: Awaitable[Any], also: asyncio.Event | None = None) -> Any:
-    """The coroutine's result, or None if `stop` (or `also`) is set first (the coroutine is then
-    cancelled)."""
-    task = asyncio.ensure_future(coro)
-    waits = [asyncio.ensure_future(e.wait()) for e in (stop, also) if e is not None]
-    try:
-        await asyncio.wait({task, *waits}, return_when=asyncio.FIRST_COMPLETED)
-        return task.result() if task.done() else None
-    finally:
-        for t in (task, *waits):
-            t.cancel()
-        await asyncio.gather(task, *waits, return_exceptions=True)
-
-
-async def sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
