@@ -2,7 +2,8 @@
 streams chunks from it, verifies each against the signed manifest before storing it, and on a dead,
 stalled or lying parent reports it and resumes from its first missing chunk with the new parent.
 The API is described in broadcast/relay.py's docstring. It lives in rollout/, not broadcast/, because
-it talks to the coordinator: broadcast/ sits below control/ and imports none of it.
+it talks to the coordinator: broadcast/ sits below control/ and imports none of it. It does not
+read the registration: the worker's `Membership` (rollout/membership.py) builds it from the reply.
 
 Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
 typed refusals, one retry policy); chunk streams use that client's session with their own progress
@@ -32,42 +33,9 @@ from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
 from echo2.control.client import CoordinatorClient
 from echo2.control.errors import NoSnapshot, Refused
-from echo2.control.protocol import FailureRequest, InstalledRequest, RegisterResponse, Route, RouteRequest
+from echo2.control.protocol import FailureRequest, InstalledRequest, Route, RouteRequest
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------- client
-def client_for(
-    coordinator: CoordinatorClient,
-    worker_id: str,
-    store: ChunkStore,
-    relay,
-    reply: RegisterResponse,
-    *,
-    upload_mbps: float | None = None,
-    download_mbps: float | None = None,
-) -> BroadcastClient:
-    """A registered worker's BroadcastClient, and its relay's caps, from the registration reply
-    (the run's `broadcast` section and the learner's public key); flags override the run's caps."""
-    from echo2.broadcast.relay import mbit
-
-    bc = reply.run.get("broadcast", {})
-    up = upload_mbps if upload_mbps is not None else bc.get("worker_upload_mbps")
-    down = download_mbps if download_mbps is not None else bc.get("worker_download_mbps")
-    progress_timeout = bc.get("progress_timeout_s", 10.0)
-    min_rate_bps = (bc.get("min_relay_mbps") or 0.0) * 1e6 / 8
-    relay.upload_bucket = mbit(up)
-    relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
-    return BroadcastClient(
-        coordinator,
-        worker_id,
-        store,
-        public_key=reply.public_key,
-        download_bucket=mbit(down),
-        progress_timeout=progress_timeout,
-        min_rate_bps=min_rate_bps,
-    )
 
 
 class BroadcastError(Exception):

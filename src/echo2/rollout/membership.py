@@ -24,12 +24,12 @@ from collections.abc import Awaitable, Callable
 
 from echo2.aio import sleep_unless
 from echo2.broadcast.chunks import SnapshotBytes
-from echo2.broadcast.relay import ChunkStore, RelayServer
+from echo2.broadcast.relay import ChunkStore, RelayServer, mbit
 from echo2.control import identity
 from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
 from echo2.control.errors import Forbidden, Refused, Released, RunFinished, UnknownWorker
 from echo2.control.protocol import HeartbeatRequest, RegisterRequest, RegisterResponse, SentRequest
-from echo2.rollout.broadcast_client import BroadcastClient, client_for
+from echo2.rollout.broadcast_client import BroadcastClient
 from echo2.rollout.worker_config import KeyChanged, PeerConfig, RelayStartError
 
 logger = logging.getLogger(__name__)
@@ -142,15 +142,7 @@ class Membership:
         self.registration, self.worker_id = reply, reply.worker_id
         self.heartbeat_interval = reply.heartbeat_interval
         if self.bcast is None:
-            self.bcast = client_for(
-                self.coordinator,
-                reply.worker_id,
-                self.store,
-                self.relay,
-                reply,
-                upload_mbps=c.upload_mbps,
-                download_mbps=c.download_mbps,
-            )
+            self.bcast = self._broadcast_client(reply)
         self.bcast.worker_id, self.bcast.public_key = reply.worker_id, reply.public_key
         if self.epoch is not None and reply.epoch != self.epoch:
             logger.warning(
@@ -162,6 +154,25 @@ class Membership:
             self.on_new_epoch(reply.published_version)
         self.epoch = reply.epoch
         logger.info("registered as %s with %s", self.worker_id, c.url)
+
+    def _broadcast_client(self, reply: RegisterResponse) -> BroadcastClient:
+        """The BroadcastClient, and the relay's caps, from the first registration reply (the run's
+        `broadcast` section, the learner's public key); the flags override the run's caps."""
+        bc, c = reply.run.get("broadcast", {}), self.config
+        up = c.upload_mbps if c.upload_mbps is not None else bc.get("worker_upload_mbps")
+        down = c.download_mbps if c.download_mbps is not None else bc.get("worker_download_mbps")
+        progress_timeout = bc.get("progress_timeout_s", 10.0)
+        self.relay.upload_bucket = mbit(up)
+        self.relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
+        return BroadcastClient(
+            self.coordinator,
+            reply.worker_id,
+            self.store,
+            public_key=reply.public_key,
+            download_bucket=mbit(down),
+            progress_timeout=progress_timeout,
+            min_rate_bps=(bc.get("min_relay_mbps") or 0.0) * 1e6 / 8,
+        )
 
     def _check_key(self, public_key: str) -> None:
         given, pinned = self.config.learner_key, self.pinned_key
