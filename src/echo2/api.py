@@ -119,6 +119,14 @@ class Echo2:
         fleet = None
         if config.scheduler.provider == "local":
             fleet = _local_provider(config, workers=workers, emulate=emulate, serve=serve)
+        elif config.scheduler.provider == "skypilot":
+            from echo2.control.skypilot import make_fleet
+
+            if not serve or workers or emulate:
+                raise ConfigError(
+                    "scheduler.provider = skypilot: use `echo2 learner` (rented workers dial in)"
+                )
+            fleet = make_fleet(config, initial=config.scheduler.initial_workers)
         elif workers:
             from echo2.rollout.local_fleet import LocalFleet
 
@@ -137,6 +145,9 @@ class Echo2:
         finally:
             if fleet:
                 fleet.stop()
+        if config.scheduler.provider == "skypilot":  # the bill, teardowns included
+            self.summary.update(fleet.metrics())
+            (run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
         return self.summary
 
     # ------------------------------------------------------------------ reading

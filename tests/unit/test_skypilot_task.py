@@ -83,3 +83,13 @@ def test_several_infra_entries_let_skypilot_choose_and_none_means_any_cloud():
     anywhere = build_task(two.model_copy(update={"infra": []}), sp, slot="w-0", token=TOKEN)
     [r] = anywhere.resources
     assert r.cloud is None and r.accelerators == {two.accelerator: 1}
+
+
+def test_make_fleet_builds_the_provider_api_py_runs_from_the_run_config():
+    from echo2.control.skypilot import SkyPilotFleet, make_fleet
+
+    config = fleet_config()
+    fleet = make_fleet(config, initial=config.scheduler.initial_workers)
+    assert isinstance(fleet, SkyPilotFleet) and fleet.client is None  # no SDK call before start()
+    assert fleet.initial == 4 and fleet.learner_threads == config.run.threads
+    assert sorted(fleet.slots)[:2] == ["rtx4090-spot-0", "rtx4090-spot-1"]

@@ -488,8 +488,9 @@ class SkyPilotFleet:
             return {"fleet/cost_usd": self.cost.usd, "fleet/price_per_hour": self.cost.price_per_hour}
 
 
-def make_fleet(config: SkyPilotConfig, *, initial: int) -> SkyPilotFleet:
-    """The provider api.py builds for `scheduler.provider = "skypilot"` (checks sky is installed)."""
+def make_fleet(config, *, initial: int) -> SkyPilotFleet:
+    """The provider api.py builds for `scheduler.provider = "skypilot"` from the run's `Config`
+    (checks that sky is installed; the learner keeps `run.threads`)."""
     try:
         import sky  # noqa: F401
     except ImportError:
@@ -498,4 +499,6 @@ def make_fleet(config: SkyPilotConfig, *, initial: int) -> SkyPilotFleet:
         raise ConfigError(
             "scheduler.provider = skypilot: SkyPilot is not installed (pip install 'echo2[skypilot]')"
         ) from None
-    return SkyPilotFleet(config, initial=initial)
+    fleet = SkyPilotFleet(config.scheduler.skypilot, initial=initial)
+    fleet.learner_threads = config.run.threads
+    return fleet

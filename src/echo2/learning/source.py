@@ -114,7 +114,7 @@ def make_source(
         buffer=buffer,
         vocab_size=vocab_size,
         tokenizer=tokenizer,
-        provider=spec.fleet if config.scheduler.provider == "local" else None,
+        provider=spec.fleet if config.scheduler.provider in ("local", "skypilot") else None,
         run_dir=run_dir,
         on_start=on_start,
     )
