@@ -22,6 +22,11 @@ Extraction rules (simple on purpose; a doc that needs more says it in plain word
   as a key of the run config (`run`, `learner`, `plan`) or of the scenario (`simulate`).
 - **Modules**: in code, `echo2.a.b[.Name]`: the longest prefix must be a module or package under
   src/, and a name after it must be defined or imported in that module's source.
+- **Module attributes**: in code, `module.name` where `module` is the base name of an echo2
+  module (`models.token_logprobs`, `errors.from_answer`; not a config section, a package, or a
+  file name like `metrics.jsonl`): some module of that name must define `name`.
+- **File names**: in code, a `name.py` or `name.sh` without a directory (`state.py`) must be the
+  name of some file under src/, tests/, bench/ or scripts/ (so a renamed module's old name is found).
 - **Links**: a relative markdown link's file must exist (relative to the doc) and its `#anchor`
   must be one of GitHub's anchors for a heading of that file.
 - **Paths**: anywhere, words starting `src/echo2/`, `tests/`, `bench/`, `scripts/`, `configs/`,
@@ -40,6 +45,7 @@ ALLOWED lists what a doc may name that is not ours, with the reason.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 import tomllib
@@ -71,6 +77,8 @@ ALLOWED: dict[str, str] = {
     "task.train_prompt": "the Task protocol's method (data/tasks/base.py), not a key",
     "coordinator.url": "a file in the run directory, not a key",
     "docs/getting_started/installation/": "a page of vLLM's docs, not ours",
+    "_fsdp_init.py": "a file of torch's FSDP2, not ours",
+    "my_task.py": "an example name for the reader's own task module",
     "echo2 bench": "the removed subcommand docs/bench/broadcast_n32.json records; docs/benchmarks.md says so",
 }
 """Names docs may use that are not ours to check, each with its reason."""
@@ -229,6 +237,8 @@ TABLE_RE = re.compile(rf"\[((?:{_SECTIONS})(?:\.[a-z_][a-z0-9_]*)*)\](?:[ \t]+([
 MODULE_RE = re.compile(r"(?<![\w./-])echo2(?:\.[A-Za-z_]\w*)+")
 PATH_RE = re.compile(rf"(?<![\w./-])((?:{_ROOTS})/[\w./*{{}},-]*)")
 PACKAGE_PATH_RE = re.compile(rf"(?<![\w./-])((?:{_PACKAGES})/(?:[\w]+/)*(?:\w+\.py)?)")
+BARE_FILE_RE = re.compile(r"(?<![\w/.-])([\w-]+\.(?:py|sh))\b")
+MODULE_ATTR_RE = re.compile(r"(?<![\w./-])([a-z_]\w*)\.([A-Za-z_]\w*)\b(?!\.)")
 COMMAND_RE = re.compile(r"(?<![\w./-])echo2[ \t]+(.*)")
 
 
@@ -312,6 +322,31 @@ def check_path(path: str, root: Path = ROOT) -> str | None:
         elif not (root / one).exists():
             return "does not exist"
     return None
+
+
+@functools.cache
+def file_names() -> frozenset[str]:
+    """Names of the files under src/, tests/, bench/ and scripts/."""
+    return frozenset(
+        p.name for d in ("src", "tests", "bench", "scripts") for p in (ROOT / d).rglob("*") if p.is_file()
+    )
+
+
+@functools.cache
+def module_names() -> dict[str, tuple[str, ...]]:
+    """Base name of each echo2 module -> the dotted names of the modules of that name."""
+    found: dict[str, list[str]] = {}
+    for p in (SRC / "echo2").rglob("*.py"):
+        if p.name != "__init__.py":
+            found.setdefault(p.stem, []).append(".".join(p.relative_to(SRC).with_suffix("").parts))
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def check_module_attr(module: str, attr: str) -> str | None:
+    """`models.token_logprobs`: some module named `models` defines `token_logprobs`."""
+    if any(check_module(f"{dotted}.{attr}") is None for dotted in module_names()[module]):
+        return None
+    return f"no module {module}.py defines {attr}"
 
 
 def module_file(dotted: str) -> bool:
@@ -409,6 +444,12 @@ def check_doc(name: str, text: str, parser: dict[str, set[str]], schemas: dict[s
             add(code.line, "module", m.group(0), check_module(m.group(0)))
         for m in PACKAGE_PATH_RE.finditer(code.text):
             add(code.line, "path", m.group(1), check_path(m.group(1), SRC / "echo2"))
+        for m in MODULE_ATTR_RE.finditer(code.text):
+            module, attr = m.groups()
+            if module in module_names() and module not in SECTIONS + PACKAGES and attr not in FILE_EXTENSIONS:
+                add(code.line, "module", m.group(0), check_module_attr(module, attr))
+        for m in BARE_FILE_RE.finditer(code.text):
+            add(code.line, "file", m.group(1), None if m.group(1) in file_names() else "no file of that name")
     here = (ROOT / name).parent
     for number, line in enumerate(text.splitlines(), 1):
         for path, is_link in paths_in(line):
@@ -665,10 +706,11 @@ kv_cache_gib = 2
 no_such = 1
 ```
 
-See src/echo2/no_such.py, `control/no_such.py`, docs/no_such.md, `echo2.control.errors.NoSuchClass`
-and `echo2.no_such`, [a heading that is not there](config.md#no-such-heading), [gone](no_such.md).
+See src/echo2/no_such.py, `control/no_such.py`, `state_ingest.py`, docs/no_such.md, `echo2.control.errors.NoSuchClass`
+`errors.no_such`, and `echo2.no_such`, [a heading that is not there](config.md#no-such-heading), [gone](no_such.md).
 Fine: `echo2.control.errors.Stale`, `learning/loop.py`, docs/config.md and
-[config](config.md#several-gpus-fsdp2), `run.run()`, `learner.py`.
+[config](config.md#several-gpus-fsdp2), `run.run()`, `learner.py`, `errors.from_answer`,
+`metrics.jsonl`.
 """
 
 
@@ -686,9 +728,11 @@ def test_the_checker_finds_each_kind_of_mistake(parser, schemas):
         ("key", "rollout.vllm.no_such"),
         ("path", "src/echo2/no_such.py"),
         ("path", "control/no_such.py"),
+        ("file", "state_ingest.py"),
         ("path", "docs/no_such.md"),
         ("module", "echo2.control.errors.NoSuchClass"),
         ("module", "echo2.no_such"),
+        ("module", "errors.no_such"),
         ("link", "config.md#no-such-heading"),
         ("link", "no_such.md"),
     }, "\n".join(map(str, findings))
