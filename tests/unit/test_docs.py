@@ -15,16 +15,20 @@ Extraction rules (simple on purpose; a doc that needs more says it in plain word
   dict-valued field (`model.chat_template_kwargs`, `task.options`) any sub-key is valid. ```toml
   blocks are parsed and every key path in them is checked the same way (the plan's pool files and
   the simulator's scenario files included).
-- **Commands**: in code, `echo2 SUB ...` up to the end of the line (a bash `\\` continues it), a
-  `#` comment, `;`, `&&`, `|` or `)`. SUB must be a subcommand of the parser echo2.cli builds
-  (`echo2 run | learner | worker` names several); each `-x`/`--flag` after it must be one of that
-  subcommand's options, `--a/--b` naming two; `--section.key=value` is a config override, checked
-  as a key of the run config (`run`, `learner`, `plan`) or of the scenario (`simulate`).
+- **Commands**: in inline spans and bash blocks (in other fenced blocks, output and diagrams, only
+  `$ ` lines and the backtick spans inside them), `echo2 SUB ...` up to the end of the line (a
+  `\\` continues it), a `#` comment, `;`, `&&`, a backtick, a pipe or `)`. SUB must be a
+  subcommand of the parser echo2.cli builds (`echo2 run | learner | worker` names several);
+  each `-x`/`--flag` after it must be one of that subcommand's options, `--a/--b` naming two;
+  `--section.key=value` is a config override, checked as a key of the run config (`run`,
+  `learner`, `plan`) or of the scenario (`simulate`).
 - **Modules**: in code, `echo2.a.b[.Name]`: the longest prefix must be a module or package under
   src/, and a name after it must be defined or imported in that module's source.
 - **Module attributes**: in code, `module.name` where `module` is the base name of an echo2
   module (`models.token_logprobs`, `errors.from_answer`; not a config section, a package, or a
   file name like `metrics.jsonl`): some module of that name must define `name`.
+- **Names in files**: in an inline span, `path.py: Name` (`data/buffer.py: ReplayBuffer`, or a
+  bare `engine.py: HFEngine`, for any echo2 module of that base name): the file defines `Name`.
 - **File names**: in code, a `name.py` or `name.sh` without a directory (`state.py`) must be the
   name of some file under src/, tests/, bench/ or scripts/ (so a renamed module's old name is found).
 - **Links**: a relative markdown link's file must exist (relative to the doc) and its `#anchor`
@@ -39,7 +43,12 @@ Extraction rules (simple on purpose; a doc that needs more says it in plain word
   its deeper-indented continuation lines are in the entry's directory, or in the subdirectory the
   last `dir/` word before them named.
 
-ALLOWED lists what a doc may name that is not ours, with the reason.
+Beside these name checks, three docs are held to the code they describe: architecture.md's package
+diagram to the import graph (and its list of `RolloutSource` methods to the protocol),
+protocol.md's refusal table to control/errors.py, and config.md's field table to every schema
+field. The last tests check that each reader finds the mistakes it should, on made-up docs.
+
+ALLOWED lists what a doc may name that is not ours (or no longer exists, on purpose), with the reason.
 """
 
 from __future__ import annotations
@@ -71,7 +80,6 @@ HOST_SUFFIXES = {"org", "com", "net", "io"}
 """`learner.example.org` is a host name, not a key."""
 
 ALLOWED: dict[str, str] = {
-    # paths with a placeholder for the reader to fill in
     "bench/NAME.py": "placeholder: any benchmark script",
     "model.generate": "transformers' generate method, not a key",
     "task.train_prompt": "the Task protocol's method (data/tasks/base.py), not a key",
@@ -88,7 +96,7 @@ ALLOWED: dict[str, str] = {
 class Finding:
     doc: str
     line: int
-    kind: str  # key | command | flag | module | path | toml
+    kind: str  # key | command | flag | module | file | path | link | toml
     name: str
     why: str
 
@@ -238,6 +246,7 @@ MODULE_RE = re.compile(r"(?<![\w./-])echo2(?:\.[A-Za-z_]\w*)+")
 PATH_RE = re.compile(rf"(?<![\w./-])((?:{_ROOTS})/[\w./*{{}},-]*)")
 PACKAGE_PATH_RE = re.compile(rf"(?<![\w./-])((?:{_PACKAGES})/(?:[\w]+/)*(?:\w+\.py)?)")
 BARE_FILE_RE = re.compile(r"(?<![\w/.-])([\w-]+\.(?:py|sh))\b")
+FILE_NAME_RE = re.compile(r"(?<![\w./-])((?:\w+/)*\w+\.py):\s+(\w+)")
 MODULE_ATTR_RE = re.compile(r"(?<![\w./-])([a-z_]\w*)\.([A-Za-z_]\w*)\b(?!\.)")
 COMMAND_RE = re.compile(r"(?<![\w./-])echo2[ \t]+(.*)")
 
@@ -349,6 +358,23 @@ def check_module_attr(module: str, attr: str) -> str | None:
     return f"no module {module}.py defines {attr}"
 
 
+def check_file_name(path: str, name: str) -> str | None:
+    """`data/buffer.py: ReplayBuffer`: the file defines the name (a bare `engine.py: HFEngine`: some
+    echo2 module of that base name does)."""
+    for base in (ROOT, SRC / "echo2"):
+        file = base / path
+        if file.is_file():
+            if file.is_relative_to(SRC):
+                return check_module(".".join(file.relative_to(SRC).with_suffix("").parts) + f".{name}")
+            defines = re.search(
+                rf"^\s*(?:class|def|async def)\s+{name}\b|^{name}\s*[:=]", file.read_text(), re.M
+            )
+            return None if defines else f"{path} defines no {name}"
+    if "/" not in path and Path(path).stem in module_names():
+        return check_module_attr(Path(path).stem, name)
+    return "no such file"
+
+
 def module_file(dotted: str) -> bool:
     """Whether `a.b...` starts with a module of echo2 (`broadcast.plan`, `control.capacity.mu_min`)."""
     parts = dotted.split(".")
@@ -444,6 +470,9 @@ def check_doc(name: str, text: str, parser: dict[str, set[str]], schemas: dict[s
             add(code.line, "module", m.group(0), check_module(m.group(0)))
         for m in PACKAGE_PATH_RE.finditer(code.text):
             add(code.line, "path", m.group(1), check_path(m.group(1), SRC / "echo2"))
+        if code.lang is None:  # an inline span
+            for m in FILE_NAME_RE.finditer(code.text):
+                add(code.line, "module", m.group(0), check_file_name(*m.groups()))
         for m in MODULE_ATTR_RE.finditer(code.text):
             module, attr = m.groups()
             if module in module_names() and module not in SECTIONS + PACKAGES and attr not in FILE_EXTENSIONS:
@@ -707,10 +736,10 @@ no_such = 1
 ```
 
 See src/echo2/no_such.py, `control/no_such.py`, `state_ingest.py`, docs/no_such.md, `echo2.control.errors.NoSuchClass`
-`errors.no_such`, and `echo2.no_such`, [a heading that is not there](config.md#no-such-heading), [gone](no_such.md).
+`errors.no_such`, `data/buffer.py: NoSuchBuffer`, and `echo2.no_such`, [a heading that is not there](config.md#no-such-heading), [gone](no_such.md).
 Fine: `echo2.control.errors.Stale`, `learning/loop.py`, docs/config.md and
 [config](config.md#several-gpus-fsdp2), `run.run()`, `learner.py`, `errors.from_answer`,
-`metrics.jsonl`.
+`metrics.jsonl`, `data/buffer.py: ReplayBuffer`.
 """
 
 
@@ -733,6 +762,7 @@ def test_the_checker_finds_each_kind_of_mistake(parser, schemas):
         ("module", "echo2.control.errors.NoSuchClass"),
         ("module", "echo2.no_such"),
         ("module", "errors.no_such"),
+        ("module", "data/buffer.py: NoSuchBuffer"),
         ("link", "config.md#no-such-heading"),
         ("link", "no_such.md"),
     }, "\n".join(map(str, findings))
