@@ -3,7 +3,7 @@ bench/broadcast_learner.py`, started by the driver in broadcast.py): a coordinat
 publishes a random warm-up version and then the measured M-byte snapshot, waits for the install
 reports, and prints one JSON object with T_bcast at q = 0.9 and 1 and its diagnostics.
 
-The coordinator's state is `BenchState`, a CoordinatorState that also records when each worker
+The coordinator's publisher is a `BenchPublisher`, a Publisher that also records when each worker
 first asked for its parent, how long its chunk streams took and when it reported a parent; it
 changes no decision the state makes. With `--throttle` it names the forwarder the driver is to
 throttle (`THROTTLE <name> <chain>` on stdout) and publishes one more version after the measured
@@ -25,39 +25,40 @@ from procstat import busy, cpu_times, procs_cpu
 
 from echo2.config.schema import SLOW_RELAY_FRACTION
 from echo2.control.broadcast import BroadcastPolicy
+from echo2.control.publisher import Publisher
 from echo2.control.state import CoordinatorState, Limits
 from echo2.data.buffer import ReplayBuffer
 
 
-class BenchState(CoordinatorState):
-    """A coordinator state that also records, for each (worker id, version), when the worker first
-    asked for its parent (`routed`, monotonic seconds) and how long its chunk streams took
-    (`streamed`, seconds, from its install report); both are read under `self.lock`. Every decision
-    is CoordinatorState's."""
+class BenchPublisher(Publisher):
+    """A publisher that also records, for each (worker id, version), when the worker first asked
+    for its parent (`routed`, monotonic seconds) and how long its chunk streams took (`streamed`,
+    seconds, from its install report); both are read under the state's lock. Every decision is
+    Publisher's."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
         self.routed: dict[tuple[str, int], float] = {}
         self.streamed: dict[tuple[str, int], float] = {}
         self.reported: list[tuple[str, int, str | None, str, str, float]] = []
         """(worker id, version, parent id, reason, detail, monotonic seconds) of every failure report."""
 
     def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
-        with self.lock:
+        with self.shared.lock:
             self.routed.setdefault((worker_id, version), time.monotonic())
             return super().route(worker_id, version)
 
     def report_failure(
         self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
     ) -> tuple[str | None, str | None]:
-        with self.lock:
+        with self.shared.lock:
             self.reported.append((worker_id, version, parent_id, reason, detail[:200], time.monotonic()))
             return super().report_failure(worker_id, version, parent_id, reason, detail)
 
     def report_installed(
         self, worker_id: str, version: int, sha256: str, transfers: list[tuple[str | None, int, float]]
     ) -> None:
-        with self.lock:
+        with self.shared.lock:
             self.streamed[(worker_id, version)] = sum(t[2] for t in transfers)
             super().report_installed(worker_id, version, sha256, transfers)
 
@@ -70,10 +71,12 @@ def bench_state(
     worker_bps: float,
     timeout: float,
     slow_relay_fraction: float = SLOW_RELAY_FRACTION,
-) -> BenchState:
-    """The learner's state: no model (a dummy replay buffer and limits), broadcasts planned from
-    the configured budgets, and workers kept while a broadcast of `timeout` seconds runs."""
-    return BenchState(
+) -> CoordinatorState:
+    """The learner's state, with a `BenchPublisher`: no model (a dummy replay buffer and limits),
+    broadcasts planned from the configured budgets, and workers kept while a broadcast of `timeout`
+    seconds runs."""
+    return CoordinatorState(
+        publisher=BenchPublisher,
         buffer=ReplayBuffer(staleness=1, group_size=1),
         limits=Limits(vocab_size=2, max_prompt_tokens=1, max_new_tokens=1, group_size=1),
         group_id_of=str,
@@ -154,8 +157,8 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
         print(f"READY {url}", flush=True)
         deadline = time.monotonic() + args.register_timeout
         while True:
-            with state.lock:
-                live = sum(w.status is WorkerStatus.ACTIVE for w in state.workers.values())
+            with state.shared.lock:
+                live = sum(w.status is WorkerStatus.ACTIVE for w in state.registry.workers.values())
             if live >= args.workers:
                 break
             if time.monotonic() > deadline:
@@ -165,26 +168,26 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
 
         def broadcast(version: int, nbytes: int, announce: bool = False) -> dict[str, Any]:
             data = os.urandom(nbytes)
-            with state.lock:
-                sent0 = state.bcast.bytes_served
+            with state.shared.lock:
+                sent0 = state.publisher.bcast.bytes_served
             cpu0, ours0, t0 = cpu_times(), procs_cpu(url), time.monotonic()
-            state.publish(version, data, keep=2)
+            state.publisher.publish(version, data, keep=2)
             t0_mono = time.monotonic()
             if announce:  # the forwarder of the first chain with a child, for the driver to throttle
-                with state.lock:
-                    names = {w.worker_id: w.name for w in state.workers.values()}
-                    chain = next(c for c in state.bcast.plans[version].chains if len(c) > 1)
+                with state.shared.lock:
+                    names = {w.worker_id: w.name for w in state.registry.workers.values()}
+                    chain = next(c for c in state.publisher.bcast.plans[version].chains if len(c) > 1)
                 print(f"THROTTLE {names[chain[0]]} {','.join(names[w] for w in chain)}", flush=True)
             deadline = time.monotonic() + args.timeout
             while time.monotonic() < deadline:
-                with state.lock:
-                    if version in state.t_bcast_all:
+                with state.shared.lock:
+                    if version in state.publisher.t_bcast_all:
                         break
                 time.sleep(0.02)
             cpu1, ours1, t1 = cpu_times(), procs_cpu(url), time.monotonic()
-            with state.lock:
-                bc = state.bcast
-                names = {w.worker_id: w.name for w in state.workers.values()}
+            with state.shared.lock:
+                bc = state.publisher.bcast
+                names = {w.worker_id: w.name for w in state.registry.workers.values()}
                 t0_pub = bc.published_at.get(version)
                 got = bc.installed_at.get(version, {})
                 plan = bc.plans.get(version)
@@ -196,11 +199,13 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     "install_by_worker_s": {names.get(w, w): round(at - t0_pub, 4) for w, at in got.items()},
                     "routed_by_worker_s": {
                         names.get(w, w): round(at - t0_pub, 4)
-                        for (w, v), at in state.routed.items()
+                        for (w, v), at in state.publisher.routed.items()
                         if v == version
                     },
                     "streaming_by_worker_s": {
-                        names.get(w, w): round(t, 4) for (w, v), t in state.streamed.items() if v == version
+                        names.get(w, w): round(t, 4)
+                        for (w, v), t in state.publisher.streamed.items()
+                        if v == version
                     },
                     "chains": [[names.get(w, w) for w in c] for c in plan.chains] if plan else [],
                     "learner_mb_sent": (bc.bytes_served - sent0) / MB,
@@ -213,7 +218,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                             detail,
                             round(at - t0_mono, 4),
                         ]
-                        for w, v, p, reason, detail, at in state.reported
+                        for w, v, p, reason, detail, at in state.publisher.reported
                         if v == version
                     ],
                     "bw_hat_mbps": bc.bw_hat() * 8 / 1e6,
@@ -228,9 +233,9 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             result.update(warm)
             result["error"] = f"warm-up: {warm['installed']} of {args.workers} workers installed in time"
             return _emit(result, 1)
-        with state.lock:
+        with state.shared.lock:
             # N_ch from the configured budgets, not from what the (small) warm-up measured
-            state.bcast.rates.clear()
+            state.publisher.bcast.rates.clear()
         time.sleep(0.5)  # the warm-up's install reports and heartbeats settle
         result.update(broadcast(1, args.snapshot_bytes, announce=args.throttle))
         result["loadavg"] = list(os.getloadavg())
@@ -240,12 +245,16 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             )
             return _emit(result, 1)
         if args.throttle:  # the next plan, with the throttled worker still slow
-            with state.lock:
-                names = {w.worker_id: w.name for w in state.workers.values()}
-                result["demoted"] = sorted(names[w] for w, st in state.bcast.stats.items() if st.demoted)
-                result["chains_after"] = [[names[w] for w in c] for c in state.bcast.plans[1].chains]
-                result["peer_mbps"] = (state.bcast.peer_bps() or 0.0) * 8 / 1e6
-                state.bcast.rates.clear()  # N_ch from the configured budgets again
+            with state.shared.lock:
+                names = {w.worker_id: w.name for w in state.registry.workers.values()}
+                result["demoted"] = sorted(
+                    names[w] for w, st in state.publisher.bcast.stats.items() if st.demoted
+                )
+                result["chains_after"] = [
+                    [names[w] for w in c] for c in state.publisher.bcast.plans[1].chains
+                ]
+                result["peer_mbps"] = (state.publisher.bcast.peer_bps() or 0.0) * 8 / 1e6
+                state.publisher.bcast.rates.clear()  # N_ch from the configured budgets again
             time.sleep(0.5)
             nxt = broadcast(2, args.snapshot_bytes)
             result["next"] = {

@@ -165,7 +165,7 @@ def heartbeats_once(args: argparse.Namespace) -> dict:
         broadcast=BroadcastPolicy(mode="chain", chunk_size=4096, uplink_budget_bps=100e6 / 8),
     )
     for v in range(args.versions):  # 64 kept versions, as with a long run at staleness 63
-        state.publish(v, os.urandom(16 * 1024), keep=args.versions)
+        state.publisher.publish(v, os.urandom(16 * 1024), keep=args.versions)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=args.interval)
     url = server.start()
     ctx = mp.get_context("spawn")
@@ -180,13 +180,13 @@ def heartbeats_once(args: argparse.Namespace) -> dict:
     proc.start()
     ready.get(timeout=600)
     cpu = time.process_time()
-    assert len(state.workers) == args.workers and state.t_bcast_all.get(args.versions - 1) is not None
+    assert len(state.registry.workers) == args.workers and state.publisher.t_bcast_all.get(args.versions - 1) is not None
     stop = threading.Event()
 
     def learner() -> None:  # publishes a new version every `publish_every` seconds, keeps 64
         version = args.versions
         while not stop.wait(args.publish_every):
-            state.publish(version, os.urandom(16 * 1024), keep=args.versions)
+            state.publisher.publish(version, os.urandom(16 * 1024), keep=args.versions)
             version += 1
 
     publisher = threading.Thread(target=learner, daemon=True)
@@ -196,8 +196,8 @@ def heartbeats_once(args: argparse.Namespace) -> dict:
     proc.join(timeout=60)
     stop.set()
     publisher.join(timeout=10)
-    lost = sum(1 for w in state.workers.values() if w.status.value != "active")
-    kept = len(state.snapshots)
+    lost = sum(1 for w in state.registry.workers.values() if w.status.value != "active")
+    kept = len(state.publisher.bcast.snapshots)
     server.stop()
     lat = result["latencies"]
     return {
@@ -348,15 +348,15 @@ def ingest_once(
     )
     scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-") if journal else None
     log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if scratch is not None else None
-    state.journal = log.accepted if log is not None else None  # as control/remote.py wires it
-    state.publish(0, b"v0", keep=2)
+    state.intake.journal = log.accepted if log is not None else None  # as control/remote.py wires it
+    state.publisher.publish(0, b"v0", keep=2)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
     url = server.start()
     stop = threading.Event()
 
     def drain() -> None:  # the learner's side: take complete groups as they arrive
         while not stop.is_set():
-            state.take_groups(1, timeout=0.1)
+            state.intake.take_groups(1, timeout=0.1)
 
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
@@ -367,9 +367,9 @@ def ingest_once(
         args=(url, groups, args.clients, args.ingest_seconds, args.groups_per_lease, out),
     )
     proc.start()
-    cpu, accepted = time.process_time(), state.accepted
+    cpu, accepted = time.process_time(), state.intake.ingestion.accepted
     result = out.get(timeout=args.ingest_seconds + 600)
-    server_cpu, stored = time.process_time() - cpu, state.accepted - accepted
+    server_cpu, stored = time.process_time() - cpu, state.intake.ingestion.accepted - accepted
     proc.join(timeout=30)
     stop.set()
     drainer.join(timeout=5)
@@ -379,15 +379,15 @@ def ingest_once(
         journal_bytes = (Path(scratch.name) / NAME).stat().st_size
         log.close()
         scratch.cleanup()
-    assert state.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
+    assert state.intake.ingestion.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
     assert not result["refused"], f"honest pushes were refused: {result['refused']}"
     assert not result["clients_out_of_records"], "clients ran past the records built: raise --groups"
-    rejected = dict(state.rejected)
+    rejected = dict(state.intake.ingestion.rejected)
     return {
         "accepted": result["accepted"],
         "records_per_s": result["accepted"] / args.ingest_seconds,
         "refused": rejected,
-        "groups_used": state.next_index,
+        "groups_used": state.intake.ingestion.next_index,
         "mean_groups_per_lease": result["mean_groups_per_lease"],
         "server_cpu_s": server_cpu,
         "client_cpu_s": result["client_cpu_s"],

@@ -54,15 +54,15 @@ def record(gid: str, k: int) -> Trajectory:
 def ingest_seconds_per_record(batches: int, *, with_journal: bool) -> float:
     st = state()
     wid = st.register(name="w", hardware="x", price_per_hour=0.0, inbound=False).worker_id
-    st.publish(0, b"v", keep=2)
+    st.publisher.publish(0, b"v", keep=2)
     with tempfile.TemporaryDirectory() as tmp:
         log = journal.Journal(Path(tmp) / journal.NAME, epoch=st.epoch) if with_journal else None
-        st.journal = log.accepted if log is not None else None
-        leases = [st.lease(wid, version=0, max_groups=1) for _ in range(batches)]
+        st.intake.journal = log.accepted if log is not None else None
+        leases = [st.intake.lease(wid, version=0, max_groups=1) for _ in range(batches)]
         work = [(le.lease_id, [record(f"g{le.indices[0]}", k) for k in range(GROUP)]) for le in leases]
         start = time.perf_counter()
         for lease_id, records in work:
-            st.ingest(wid, lease_id, records)
+            st.intake.ingest(wid, lease_id, records)
         took = time.perf_counter() - start
         if log is not None:
             log.close()

@@ -83,14 +83,14 @@ def once(num_clients: int, seconds: float) -> dict:
         lease_timeout=60,
         heartbeat_timeout=60,
     )
-    state.publish(0, b"v0", keep=1)
+    state.publisher.publish(0, b"v0", keep=1)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
     url = server.start()
     stop = threading.Event()
 
     def drain() -> None:  # the learner's side: take complete groups as they arrive
         while not stop.is_set():
-            state.take_groups(1, timeout=0.1)
+            state.intake.take_groups(1, timeout=0.1)
 
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
@@ -104,7 +104,7 @@ def once(num_clients: int, seconds: float) -> dict:
     stop.set()
     drainer.join(timeout=5)
     server.stop()
-    assert state.accepted >= pushed, "the coordinator stored every push the clients counted"
+    assert state.intake.ingestion.accepted >= pushed, "the coordinator stored every push the clients counted"
     # elapsed includes the client process start (about 1 s); the window below is the push window
     return {"accepted": pushed, "records_per_s": pushed / seconds, "wall_s": elapsed}
 

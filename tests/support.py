@@ -24,9 +24,7 @@ class FakeClock:
         return self.now
 
 
-def make_state(
-    clock: FakeClock | None = None, cls: type[CoordinatorState] = CoordinatorState, **extra
-) -> CoordinatorState:
+def make_state(clock: FakeClock | None = None, **extra) -> CoordinatorState:
     """A coordinator state over a tiny vocabulary: S = 1, groups of 2, group ids g0, g1, ..."""
     kwargs = {
         "buffer": ReplayBuffer(staleness=1, group_size=2),
@@ -37,7 +35,7 @@ def make_state(
     }
     if clock is not None:
         kwargs["clock"] = clock
-    return cls(**(kwargs | extra))
+    return CoordinatorState(**(kwargs | extra))
 
 
 def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:

@@ -121,12 +121,12 @@ def fingerprint(door: Door) -> dict[str, Any]:
     with which credential, relay and name), quarantine, and the broadcast bookkeeping."""
     out = door.snapshot()
     s = door.state
-    with s.lock:
-        b = s.bcast
+    with s.shared.lock:
+        b = s.publisher.bcast
         out.update(
-            registered={k: (w.name, w.hardware, w.relay_url, w.secret_digest) for k, w in s.workers.items()},
-            quarantined=sorted(s.integrity.quarantined),
-            strikes=dict(s.integrity.strikes),
+            registered={k: (w.name, w.hardware, w.relay_url, w.secret_digest) for k, w in s.registry.workers.items()},
+            quarantined=sorted(s.intake.integrity.quarantined),
+            strikes=dict(s.intake.integrity.strikes),
             kept=sorted(b.snapshots),
             plans=dict(b.plans),
             receiving={v: set(w) for v, w in b.receiving.items()},

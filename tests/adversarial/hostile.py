@@ -155,18 +155,18 @@ class Door:
     def snapshot(self) -> dict[str, Any]:
         """Everything a refused input must leave as it was (the refusal counters aside)."""
         s = self.state
-        with s.lock:
+        with s.shared.lock:
             return {
-                "accepted": s.accepted,
-                "buffer": s.buffer.contents_by_version(),
-                "seen": sorted(s.buffer._seen),
-                "leases": {k: (v.worker_id, v.indices, set(v.done_groups)) for k, v in s.leases.items()},
-                "next_index": s.next_index,
-                "reissue": list(s.reissue),
-                "workers": {k: (w.version, w.throughput, w.status) for k, w in s.workers.items()},
-                "published": s.published_version,
-                "rates": list(s.bcast.rates),
-                "rejected": dict(s.rejected),
+                "accepted": s.intake.ingestion.accepted,
+                "buffer": s.intake.buffer.contents_by_version(),
+                "seen": sorted(s.intake.buffer._seen),
+                "leases": {k: (v.worker_id, v.indices, set(v.done_groups)) for k, v in s.intake.ingestion.leases.items()},
+                "next_index": s.intake.ingestion.next_index,
+                "reissue": list(s.intake.ingestion.reissue),
+                "workers": {k: (w.version, w.throughput, w.status) for k, w in s.registry.workers.items()},
+                "published": s.shared.published_version,
+                "rates": list(s.publisher.bcast.rates),
+                "rejected": dict(s.intake.ingestion.rejected),
             }
 
     def invariant(self, before: dict[str, Any], reason: str | None, *, count: int | None = None) -> None:
@@ -196,7 +196,7 @@ class Door:
         return stats
 
     def train(self, num_groups: int, check: StepCheck | None = None) -> dict[str, float]:
-        groups, _ = self.state.take_groups(num_groups, timeout=5.0)
+        groups, _ = self.state.intake.take_groups(num_groups, timeout=5.0)
         assert len(groups) == num_groups, "the learner found no batch"
         check = check or StepCheck(max_logratio=self.config.max_logratio, learner_version=0)
         stats = train_step(
@@ -234,7 +234,7 @@ def open_door(**state_kw: Any) -> Door:
     )
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=4 * 2**20)
     server.start()
-    state.publish(0, b"weights-v0", keep=2)
+    state.publisher.publish(0, b"weights-v0", keep=2)
     if not _MODEL:
         _MODEL.append(load_model(TinyModelConfig(), vocab_size=len(tokenizer), seed=0))
     model = copy.deepcopy(_MODEL[0])

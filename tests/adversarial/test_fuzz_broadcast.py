@@ -114,7 +114,7 @@ def test_installed(fdoor: Door):
 
     run(one)
     assert probe.accepted and probe.refused
-    assert fdoor.state.bcast.stats.get(c.me) is None, "mallory's own reports moved her score"
+    assert fdoor.state.publisher.bcast.stats.get(c.me) is None, "mallory's own reports moved her score"
     probe.finish()
 
 
@@ -136,7 +136,7 @@ def test_sent(fdoor: Door):
 
     run(one)
     assert probe.accepted and probe.refused
-    assert fdoor.state.bcast.stats.get(c.me) is None, "mallory's own reports moved her score"
+    assert fdoor.state.publisher.bcast.stats.get(c.me) is None, "mallory's own reports moved her score"
     probe.finish()
 
 

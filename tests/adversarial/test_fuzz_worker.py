@@ -64,7 +64,7 @@ def test_register(fdoor: Door):
         answer, reply = probe("POST", POSTS["register"], body=body, raw=raw, auth=auth)
         if answer.status == 200:
             assert reply["credential"].startswith(reply["worker_id"] + ".")
-            info = fdoor.state.workers[reply["worker_id"]]
+            info = fdoor.state.registry.workers[reply["worker_id"]]
             assert not any(ch < " " or ch == "\x7f" for ch in info.name + info.hardware), info
             assert info.relay_url is None or "127.0.0.1" in info.relay_url or "::1" in info.relay_url
 
@@ -83,7 +83,7 @@ def test_heartbeat(fdoor: Door):
         body, raw = data.draw(bodies)
         answer, reply = probe("POST", POSTS["heartbeat"], body=body, raw=raw, auth=c.auth(), who=c.me)
         if answer.status == 200:
-            w = fdoor.state.workers[c.me]
+            w = fdoor.state.registry.workers[c.me]
             assert reply["published_version"] == 0 and -1 <= w.version <= 0
             assert math.isfinite(w.throughput) and 0 <= w.throughput <= 1e9
 
@@ -106,8 +106,8 @@ def test_lease(fdoor: Door):
         body, raw = data.draw(bodies)
         answer, reply = probe("POST", POSTS["lease"], body=body, raw=raw, auth=c.auth(), who=c.me)
         if answer.status == 200:
-            assert 1 <= len(reply["indices"]) <= fdoor.state.max_groups_per_lease
-            assert fdoor.state.leases[reply["lease_id"]].worker_id == c.me
+            assert 1 <= len(reply["indices"]) <= fdoor.state.intake.max_groups_per_lease
+            assert fdoor.state.intake.ingestion.leases[reply["lease_id"]].worker_id == c.me
             back = {"worker_id": c.me, "lease_id": reply["lease_id"]}  # so the next one may be granted
             assert c.mallory.call("POST", POSTS["return_lease"], back)[0] == 200
 
@@ -135,9 +135,9 @@ def test_return_lease(fdoor: Door):
         if isinstance(body, dict) and body.get("lease_id") == HELD:
             body["lease_id"] = held[0]
         answer, _ = probe("POST", POSTS["return_lease"], body=body, raw=raw, auth=c.auth(), who=c.me)
-        if answer.status == 200 and held[0] not in fdoor.state.leases:
+        if answer.status == 200 and held[0] not in fdoor.state.intake.ingestion.leases:
             held.clear()
-        assert c.victim_lease in fdoor.state.leases, "mallory returned the victim's lease"
+        assert c.victim_lease in fdoor.state.intake.ingestion.leases, "mallory returned the victim's lease"
 
     run(one)
     assert probe.accepted and probe.refused
@@ -273,13 +273,13 @@ def test_push(fdoor: Door):
         push(*data.draw(bodies))
 
     def push(body: Any, raw: bytes | None) -> None:
-        if fdoor.state.leases.get(held.get("lease_id", "")) is None:  # none yet, or completed
+        if fdoor.state.intake.ingestion.leases.get(held.get("lease_id", "")) is None:  # none yet, or completed
             lease_id, records = fdoor.honest_lease(c.mallory)
             held.update(lease_id=lease_id, records=records)
         if isinstance(body, dict):
             if body.get("lease_id") == HELD:
                 body["lease_id"] = held["lease_id"]
-            stored = sorted(fdoor.state.buffer._seen)[-8:]
+            stored = sorted(fdoor.state.intake.buffer._seen)[-8:]
             if isinstance(body.get("records"), tuple):
                 body["records"] = [record(plan, stored) for plan in body["records"][1]]
             elif body.get("records") == "<4,400 records>":
@@ -294,19 +294,19 @@ def test_push(fdoor: Door):
         """Mallory completes her lease with honest records (no group is left half stored, so the
         next pushes meet the record checks, not `group_overflow`); the learner takes what is done."""
         state = fdoor.state
-        lease = state.leases.get(held["lease_id"])
+        lease = state.intake.ingestion.leases.get(held["lease_id"])
         if lease is not None:
             rest = []
             for gid in sorted(lease.group_ids - lease.done_groups):
-                missing = GROUP_SIZE - state.buffer.group_count(gid)
+                missing = GROUP_SIZE - state.intake.buffer.group_count(gid)
                 rest += [
                     dict(r, record_id=uuid.uuid4().hex) for r in held["records"] if r["group_id"] == gid
                 ][:missing]
             status, reply = c.mallory.push(held["lease_id"], rest)
             assert status == 200 and reply["accepted"] == len(rest), reply
-        ready = state.buffer.num_ready_groups()
+        ready = state.intake.buffer.num_ready_groups()
         if ready:
-            taken.extend(state.take_groups(ready, timeout=5.0)[0])
+            taken.extend(state.intake.take_groups(ready, timeout=5.0)[0])
 
     taken: list[list] = []
     for name, value in SEEDS:  # each known attack once, whatever hypothesis draws
@@ -317,7 +317,7 @@ def test_push(fdoor: Door):
     assert probe.accepted == 0 and probe.refused == len(SEEDS)
     run(one)
     assert probe.accepted and probe.refused
-    for group in taken + list(fdoor.state.buffer._groups.values()):  # what was stored, the door admits
+    for group in taken + list(fdoor.state.intake.buffer._groups.values()):  # what was stored, the door admits
         for r in group:
             assert 0.0 <= r.reward <= 1.0 and all(-1e3 <= lp <= 1e-3 for lp in r.behaviour_logprobs)
             assert set(r.loss_mask) <= {0, 1}

@@ -58,8 +58,8 @@ def register(server, name, **extra) -> tuple[str, str]:
 
 
 def worker_view(state, wid):
-    w = state.workers[wid]
-    return (w.version, w.throughput, w.status, w.last_seen, dict(state.leases), list(state.reissue))
+    w = state.registry.workers[wid]
+    return (w.version, w.throughput, w.status, w.last_seen, dict(state.intake.ingestion.leases), list(state.intake.ingestion.reissue))
 
 
 def test_a_worker_cannot_act_as_another(coord):
@@ -69,7 +69,7 @@ def test_a_worker_cannot_act_as_another(coord):
     server, state, clock = coord
     victim, victim_secret = register(server, "victim")
     attacker, attacker_secret = register(server, "mallory")
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     status, lease = call(
         server, "/v1/lease", {"worker_id": victim, "version": 0, "max_groups": 1}, victim_secret
     )
@@ -96,7 +96,7 @@ def test_a_worker_cannot_act_as_another(coord):
             assert status in (401, 403), (path, secret[:8], status, got)
             assert got["error"] in ("unauthorized", "forbidden") and got["detail"]
     assert worker_view(state, victim) == before, "nothing changed for the victim"
-    assert 0 not in state.bcast.plans or victim not in state.bcast.receiving.get(0, set())
+    assert 0 not in state.publisher.bcast.plans or victim not in state.publisher.bcast.receiving.get(0, set())
     # the victim itself still can
     assert call(server, "/v1/heartbeat", {"worker_id": victim, "version": 0}, victim_secret)[0] == 200
 
@@ -113,7 +113,7 @@ def test_forged_install_reports_do_not_make_the_attacker_a_parent(coord):
     parent_of_victim = []
     for v in range(11):
         data = f"snapshot {v}".encode() * 8
-        state.publish(v, data, keep=2)
+        state.publisher.publish(v, data, keep=2)
         digest = hashlib.sha256(data).hexdigest()
         forged = [{"parent_id": attacker, "bytes": 10**9, "seconds": 1e-3}] * 256
         for reporter, secret in ((victim, attacker_secret), (attacker, attacker_secret)):
@@ -132,7 +132,7 @@ def test_forged_install_reports_do_not_make_the_attacker_a_parent(coord):
             call(server, "/v1/broadcast/failure", failure, victim_secret)
         clock.now += 1.0
     assert parent_of_victim.count(attacker) <= 1, parent_of_victim
-    stats = state.bcast.stats.get(attacker)
+    stats = state.publisher.bcast.stats.get(attacker)
     assert stats is None or stats.successes == 0, "no forged transfer was credited"
 
 
@@ -143,8 +143,8 @@ def test_a_transfer_counts_once_when_both_sides_agree(coord):
     a, a_secret = register(server, "a", inbound=True, relay_port=9)
     b, b_secret = register(server, "b", inbound=True, relay_port=10)
     data = b"x" * 4096
-    state.publish(0, data, keep=2)
-    head, tail = state.bcast.plans[0].chains[0]
+    state.publisher.publish(0, data, keep=2)
+    head, tail = state.publisher.bcast.plans[0].chains[0]
     secrets = {a: a_secret, b: b_secret}
     status, route = call(server, "/v1/broadcast/route", {"worker_id": tail, "version": 0}, secrets[tail])
     assert route["parent_id"] == head
@@ -157,11 +157,11 @@ def test_a_transfer_counts_once_when_both_sides_agree(coord):
         "transfers": [{"parent_id": head, "bytes": 4096, "seconds": 1e-3}],
     }
     assert call(server, "/v1/broadcast/installed", received, secrets[tail])[0] == 200
-    assert head not in state.bcast.stats, "the receiver's word alone counts for nothing"
+    assert head not in state.publisher.bcast.stats, "the receiver's word alone counts for nothing"
     sent = {"worker_id": head, "version": 0, "child_id": tail, "bytes": 4096, "seconds": 1e-3}
     for _ in range(3):
         assert call(server, "/v1/broadcast/sent", sent, secrets[head])[0] == 200
-    stats = state.bcast.stats[head]
+    stats = state.publisher.bcast.stats[head]
     assert stats.successes == 1 and list(stats.rates) == [4096 / 2.0]
 
 
@@ -191,18 +191,18 @@ def test_honest_relays_are_credited_through_both_accounts():
         try:
             while not all(p.client is not None for p in peers):
                 await asyncio.sleep(0.02)
-            state.publish(0, random.Random(0).randbytes(256 * 1024), keep=2)
-            (chain,) = state.bcast.plans[0].chains
+            state.publisher.publish(0, random.Random(0).randbytes(256 * 1024), keep=2)
+            (chain,) = state.publisher.bcast.plans[0].chains
             assert len(chain) == 3
             deadline = asyncio.get_running_loop().time() + 30
-            while state.bcast.ledger.outcomes["credited"] < 3:  # learner -> head -> middle -> tail
-                assert asyncio.get_running_loop().time() < deadline, dict(state.bcast.ledger.outcomes)
+            while state.publisher.bcast.ledger.outcomes["credited"] < 3:  # learner -> head -> middle -> tail
+                assert asyncio.get_running_loop().time() < deadline, dict(state.publisher.bcast.ledger.outcomes)
                 await asyncio.sleep(0.05)
             head, middle, _ = chain
             for relay in (head, middle):
-                assert state.bcast.stats[relay].successes == 1
-            assert state.bcast.bw_hat() != 1e6
-            assert state.bcast.ledger.outcomes["disputed"] == 0
+                assert state.publisher.bcast.stats[relay].successes == 1
+            assert state.publisher.bcast.bw_hat() != 1e6
+            assert state.publisher.bcast.ledger.outcomes["disputed"] == 0
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)

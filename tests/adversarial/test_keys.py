@@ -65,13 +65,13 @@ def test_a_key_swapped_at_re_registration_stops_the_worker():
         task = asyncio.create_task(peer.run(stop))
         try:
             real = snapshot(0)
-            state.publish(0, real, keep=2)
+            state.publisher.publish(0, real, keep=2)
             await until(lambda: 0 in peer.installed, "the real version 0")
             assert peer.installed[0] == hashlib.sha256(real).hexdigest()
             proxy.swap = True  # from now on: the proxy's key, manifests and chunks
             await until(lambda: task.done() or peer.member.reregistered >= 1, "a re-registration")
             await asyncio.sleep(0.5)
-            state.publish(1, snapshot(1), keep=2)
+            state.publisher.publish(1, snapshot(1), keep=2)
             await asyncio.sleep(2.0)  # time to fetch and install version 1 through the proxy
             assert 1 not in peer.installed, "the proxy's snapshot was installed"
             assert task.done(), "the worker stopped"
@@ -96,7 +96,7 @@ def test_a_worker_given_the_fingerprint_refuses_another_key_at_once():
         proxy.swap = True
         await proxy.start()
         stop = asyncio.Event()
-        pinned = fingerprint(state.public_key)
+        pinned = fingerprint(state.publisher.public_key)
         peer = BroadcastPeer(PeerConfig(url=proxy.url, token=TOKEN, name="victim", learner_key=pinned))
         try:
             with pytest.raises(KeyChanged, match="learner-key"):
@@ -167,7 +167,7 @@ def test_the_coordinator_speaks_tls(tmp_path):
         assert server.url.startswith("https://127.0.0.1:")
         async with await CoordinatorClient.create(server.url, TOKEN, retry=once, ca_file=cert) as c:
             reply = await c.register(RegisterRequest(name="tls"))
-            assert reply.public_key == state.public_key and c.credential
+            assert reply.public_key == state.publisher.public_key and c.credential
         async with await CoordinatorClient.create(server.url, TOKEN, retry=once) as c:
             with pytest.raises(Unreachable, match="certificate"):
                 await c.register(RegisterRequest(name="unverified"))

@@ -30,17 +30,17 @@ def test_fabricated_logprobs_are_left_out_and_strike_their_worker(door: Door, ma
     assert all(torch.equal(weights[k], v) for k, v in door.model.state_dict().items()), (
         "nothing was trained on"
     )
-    assert door.state.flag(check.refused, "logprob_mismatch") == [mallory.worker_id]
-    assert door.state.integrity.strikes[mallory.worker_id] == 1
+    assert door.state.intake.flag(check.refused, "logprob_mismatch") == [mallory.worker_id]
+    assert door.state.intake.integrity.strikes[mallory.worker_id] == 1
     door.learner_trains()
 
 
 def test_a_worker_whose_records_keep_failing_is_quarantined(door: Door, mallory: HostileWorker):
-    for _ in range(door.state.integrity.quarantine_after):
+    for _ in range(door.state.intake.integrity.quarantine_after):
         fabricated(door, mallory)
         check = StepCheck(max_logratio=door.config.max_logratio, learner_version=0)
         door.train(PROMPTS, check)
-        door.state.flag(check.refused, "logprob_mismatch")
+        door.state.intake.flag(check.refused, "logprob_mismatch")
     status, body = mallory.lease()
     assert (status, body["error"]) == (403, "quarantined")
     door.learner_trains()

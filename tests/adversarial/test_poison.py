@@ -121,7 +121,7 @@ def test_metadata_nested_900_deep_is_refused_and_a_checkpoint_still_saves(door: 
     status, body = mallory.push(lease_id, records)
     assert (status, body["error"]) == (422, "malformed") and "deeper" in body["detail"], body
     door.invariant(before, "malformed", count=1)
-    json.dumps(door.state.buffer.state_dict())  # what a checkpoint writes
+    json.dumps(door.state.intake.buffer.state_dict())  # what a checkpoint writes
 
 
 def test_duplicate_record_ids_in_one_batch_are_refused_whole(door: Door, mallory: HostileWorker):
@@ -134,7 +134,7 @@ def test_duplicate_record_ids_in_one_batch_are_refused_whole(door: Door, mallory
 
 
 def test_a_quarantined_worker_gets_no_lease_and_shows_in_status(door: Door, mallory: HostileWorker):
-    for _ in range(door.state.integrity.quarantine_after):
+    for _ in range(door.state.intake.integrity.quarantine_after):
         lease_id, records = poisoned(door, mallory, set_reward(1e39))
         assert mallory.push(lease_id, records)[0] == 422
     before = door.snapshot()
@@ -143,5 +143,5 @@ def test_a_quarantined_worker_gets_no_lease_and_shows_in_status(door: Door, mall
     _, st = mallory.call("GET", "/status")
     assert st["quarantined"] == [mallory.worker_id]
     assert [w["state"] for w in st["workers"] if w["worker_id"] == mallory.worker_id] == ["quarantined"]
-    assert not any(lease.worker_id == mallory.worker_id for lease in door.state.leases.values())
+    assert not any(lease.worker_id == mallory.worker_id for lease in door.state.intake.ingestion.leases.values())
     door.invariant(before, None)

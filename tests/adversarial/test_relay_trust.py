@@ -52,7 +52,7 @@ async def honest_peer_behind(hostile: HostileRelay, *, arm=None, wait_s: float =
     try:
         mallory = await register_relay(server.url, TOKEN, hostile.port)
         for t in range(10):  # a fine history: the planner makes it the chain's head
-            state.bcast._stats(mallory["worker_id"]).record_transfer(10**8, 1.0, now=state.clock() + t)
+            state.publisher.bcast._stats(mallory["worker_id"]).record_transfer(10**8, 1.0, now=state.shared.clock() + t)
         peer = BroadcastPeer(PeerConfig(url=server.url, token=TOKEN, name="honest"))
         tasks += [
             asyncio.create_task(keep_alive(server.url, mallory, stop)),
@@ -61,8 +61,8 @@ async def honest_peer_behind(hostile: HostileRelay, *, arm=None, wait_s: float =
         while peer.client is None:
             await asyncio.sleep(0.02)
         data = random.Random(0).randbytes(2 * CHUNK)
-        state.publish(0, data, keep=2)
-        assert state.bcast.plans[0].parent_of(peer.worker_id) == mallory["worker_id"]
+        state.publisher.publish(0, data, keep=2)
+        assert state.publisher.bcast.plans[0].parent_of(peer.worker_id) == mallory["worker_id"]
         if arm is not None:
             arm(state)
         deadline = asyncio.get_running_loop().time() + wait_s
@@ -121,7 +121,7 @@ def test_a_dripping_relay_is_reported_and_excised():
         relay = HostileRelay(piece=64 * 1024, every=0.9 * PROGRESS_TIMEOUT)
 
         def arm(state):
-            relay.blob = state.bcast.snapshots[0]
+            relay.blob = state.publisher.bcast.snapshots[0]
 
         start = asyncio.get_running_loop().time()
         # drip: 2 chunks of 512 KiB at 64 KiB / 0.9 s would take 14.4 s; the peer is done long before
@@ -130,7 +130,7 @@ def test_a_dripping_relay_is_reported_and_excised():
         assert (0, mallory, "stalled") in peer.client.failures
         assert peer.installed.get(0) == hashlib.sha256(data).hexdigest()
         assert took < 8.0 and relay.bytes_sent < len(data) / 2
-        assert mallory in state.bcast.leaf_only[0] and state.bcast.stats[mallory].failures >= 1
+        assert mallory in state.publisher.bcast.leaf_only[0] and state.publisher.bcast.stats[mallory].failures >= 1
 
     bounded(scenario())
 
@@ -155,7 +155,7 @@ def test_an_advertised_relay_must_be_the_workers_own_address(any_host):
                     assert r.status == 200
         finally:
             server.stop()
-        urls = sorted(w.relay_url for w in state.workers.values())
+        urls = sorted(w.relay_url for w in state.registry.workers.values())
         if any_host:
             assert status == 200 and urls == ["http://10.9.8.7:8080", "http://127.0.0.1:8080"]
         else:

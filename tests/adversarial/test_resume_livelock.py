@@ -26,12 +26,12 @@ CHUNK = 64 * 1024
 def test_no_lease_for_a_version_the_learner_has_not_published():
     state = make_state()
     wid = state.register(name="w", hardware="x", price_per_hour=0.0, inbound=False).worker_id
-    state.publish(6, b"v6", keep=2)
+    state.publisher.publish(6, b"v6", keep=2)
     with pytest.raises(Invalid) as e:
-        state.lease(wid, version=7, max_groups=1)
+        state.intake.lease(wid, version=7, max_groups=1)
     assert e.value.reason == "future_version"
-    assert not state.leases and state.next_index == 0
-    assert state.lease(wid, version=6, max_groups=1) is not None
+    assert not state.intake.ingestion.leases and state.intake.ingestion.next_index == 0
+    assert state.intake.lease(wid, version=6, max_groups=1) is not None
 
 
 def snapshot(seed: int) -> bytes:
@@ -62,26 +62,26 @@ def test_a_worker_ahead_of_a_restarted_learner_drops_its_version_and_reinstalls(
         task = asyncio.create_task(peer.run(stop))
         try:
             for v in range(3):
-                key_state.publish(v, snapshot(v), keep=2)
+                key_state.publisher.publish(v, snapshot(v), keep=2)
             while peer.version != 2:
                 assert not task.done()
                 await asyncio.sleep(0.02)
             first.stop()
             resumed = make_state(
-                broadcast=BroadcastPolicy(mode="star", chunk_size=CHUNK), signing_key=key_state.signing_key
+                broadcast=BroadcastPolicy(mode="star", chunk_size=CHUNK), signing_key=key_state.publisher.signing_key
             )
             second = coordinator(resumed, port)
             new_v1 = snapshot(101)
-            resumed.publish(1, new_v1, keep=2)
+            resumed.publisher.publish(1, new_v1, keep=2)
             deadline = asyncio.get_running_loop().time() + 20
             while not (peer.installed.get(1) == hashlib.sha256(new_v1).hexdigest() and peer.version == 1):
                 assert asyncio.get_running_loop().time() < deadline, (peer.version, peer.installed)
                 assert not task.done()
                 await asyncio.sleep(0.05)
-            while peer.worker_id not in resumed.workers or resumed.workers[peer.worker_id].version != 1:
+            while peer.worker_id not in resumed.registry.workers or resumed.registry.workers[peer.worker_id].version != 1:
                 assert asyncio.get_running_loop().time() < deadline, "heartbeats carry version 1"
                 await asyncio.sleep(0.05)
-            assert resumed.lease(peer.worker_id, version=peer.version, max_groups=1) is not None
+            assert resumed.intake.lease(peer.worker_id, version=peer.version, max_groups=1) is not None
         finally:
             stop.set()
             await asyncio.gather(task, return_exceptions=True)

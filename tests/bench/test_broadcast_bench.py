@@ -1,6 +1,6 @@
 """`python bench/broadcast.py`: the model's times and the report (pure), a small run with real worker
 processes on loopback with token buckets (runs anywhere, bounded), the same in shaped network
-namespaces where they are available, the flags refused with exit 2, and the learner's BenchState
+namespaces where they are available, the flags refused with exit 2, and the learner's BenchPublisher
 recording what the bench reports while the coordinator state decides. All `slow`: they exercise
 the benchmark harness, not echo2."""
 
@@ -122,23 +122,23 @@ def test_check_names_the_flag(field, value, flag):
 
 # ---------------------------------------------------------------------------- the learner's state
 def test_bench_state_records_route_and_install_and_keeps_the_decisions():
-    """BenchState's overrides record when a worker asked for its parent, reported one and how long
-    it streamed, and return (and refuse) exactly what CoordinatorState does."""
+    """BenchPublisher's overrides record when a worker asked for its parent, reported one and how
+    long it streamed, and return (and refuse) exactly what Publisher does."""
     state = bench_state(mode="chain", chunk_bytes=1024, uplink_budget_bps=1e6, worker_bps=1e6, timeout=10)
     try:
         w = state.register(name="w0", hardware="cpu", price_per_hour=0.0, inbound=False)
         data = os.urandom(4096)
-        state.publish(0, data, keep=2)
-        assert state.route(w.worker_id, 0) == (None, None), "the only worker receives from the learner"
-        assert set(state.routed) == {(w.worker_id, 0)}
-        assert state.report_failure(w.worker_id, 0, None, "stalled", "x") == (None, None)
-        assert state.reported[-1][:5] == (w.worker_id, 0, None, "stalled", "x")
+        state.publisher.publish(0, data, keep=2)
+        assert state.publisher.route(w.worker_id, 0) == (None, None), "the only worker receives from the learner"
+        assert set(state.publisher.routed) == {(w.worker_id, 0)}
+        assert state.publisher.report_failure(w.worker_id, 0, None, "stalled", "x") == (None, None)
+        assert state.publisher.reported[-1][:5] == (w.worker_id, 0, None, "stalled", "x")
         sha = hashlib.sha256(data).hexdigest()
-        state.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
-        assert state.streamed == {(w.worker_id, 0): 0.75}
-        assert w.worker_id in state.bcast.installed_at[0]
+        state.publisher.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
+        assert state.publisher.streamed == {(w.worker_id, 0): 0.75}
+        assert w.worker_id in state.publisher.bcast.installed_at[0]
         with pytest.raises(Exception, match="future_version"):
-            state.report_installed(w.worker_id, 5, sha, [])
+            state.publisher.report_installed(w.worker_id, 5, sha, [])
     finally:
         state.close()
 

@@ -45,7 +45,7 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
         seen["source"] = source
         fleet.start(source)
         deadline = time.monotonic() + 180
-        while len(source.state.bcast.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
+        while len(source.state.publisher.bcast.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
 
     summary = run_with_fleet(config, tmp_path / "run", fleet, on_ready)
@@ -53,7 +53,7 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
     assert summary["t_bcast"] is not None and summary["t_bcast_all"] is not None
     assert any("bcast/t_q90" in row for row in read_metrics(tmp_path / "run" / "metrics.jsonl"))
     assert (tmp_path / "run" / "learner_key.pem").exists(), "the key is kept with the run"
-    bcast = seen["source"].state.bcast
+    bcast = seen["source"].state.publisher.bcast
     assert bcast.failures == {}
     relayed = sum(stats.successes for stats in bcast.stats.values())
     if mode == "chain":  # one chain of two: the seed relays what it receives to the other worker

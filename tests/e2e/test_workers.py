@@ -117,9 +117,9 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
             deadline = time.monotonic() + 120
             st = source.state
             while time.monotonic() < deadline:
-                with st.lock:
-                    leased = [lease.worker_id for lease in st.leases.values()]
-                    names = {w.worker_id: w.name for w in st.workers.values()}
+                with st.shared.lock:
+                    leased = [lease.worker_id for lease in st.intake.ingestion.leases.values()]
+                    names = {w.worker_id: w.name for w in st.registry.workers.values()}
                 holding = [w for w in leased if names.get(w) == "local-0"]
                 if holding:  # it holds a lease right now
                     os.kill(fleet.pid("local-0"), signal.SIGKILL)
@@ -186,10 +186,10 @@ def test_a_slow_emulated_pool_completes_its_steps_without_a_reissued_lease(tmp_p
         seen["source"] = source
 
         def at_the_end() -> None:  # before close: leases returned by stopping workers do not count
-            with source.state.lock:
-                seen["reissued"] = source.state.reissued
-                seen["expired"] = source.state.ingestion.expired
-                seen["rejected"] = dict(source.state.rejected)
+            with source.state.shared.lock:
+                seen["reissued"] = source.state.intake.ingestion.reissued
+                seen["expired"] = source.state.intake.ingestion.expired
+                seen["rejected"] = dict(source.state.intake.ingestion.rejected)
 
         source.before_close.append(at_the_end)
 
@@ -197,7 +197,7 @@ def test_a_slow_emulated_pool_completes_its_steps_without_a_reissued_lease(tmp_p
     assert summary["steps"] == 3
     assert seen["reissued"] == 0 and seen["expired"] == 0, seen
     assert seen["rejected"] == {}, "no push was dropped"
-    sizes = {len(lease.indices) for lease in seen["source"].state.leases.values()}
+    sizes = {len(lease.indices) for lease in seen["source"].state.intake.ingestion.leases.values()}
     assert sizes <= {1}
 
 

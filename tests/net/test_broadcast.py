@@ -98,7 +98,7 @@ class Fleet:
 
 def publish(state: CoordinatorState, version: int) -> str:
     data = snapshot_bytes(version)
-    state.publish(version, data, keep=2)
+    state.publisher.publish(version, data, keep=2)
     return sha(data)
 
 
@@ -114,9 +114,9 @@ def get_status(server) -> dict:
 
 def give_score(state: CoordinatorState, worker_id: str) -> None:
     """History that ranks this worker first (it becomes the seed of a chain)."""
-    with state.lock:
+    with state.shared.lock:
         for t in range(10):
-            state.bcast._stats(worker_id).record_transfer(10**8, 1.0, now=state.clock() + t)
+            state.publisher.bcast._stats(worker_id).record_transfer(10**8, 1.0, now=state.shared.clock() + t)
 
 
 # ---------------------------------------------------------------------------- the happy path
@@ -133,14 +133,14 @@ def test_every_worker_installs_every_snapshot(mode):
                 digest = publish(state, v)
                 await fleet.installed(v)
                 assert all(p.installed[v] == digest for p in fleet.peers)
-                while v not in state.t_bcast_all:  # the last install report is on its way
+                while v not in state.publisher.t_bcast_all:  # the last install report is on its way
                     await asyncio.sleep(0.01)
             return fleet
 
     try:
         fleet = bounded(scenario())
-        plan0 = state.bcast.plans.get(0)
-        st = state.bcast
+        plan0 = state.publisher.bcast.plans.get(0)
+        st = state.publisher.bcast
         size = len(snapshot_bytes(0))
         if mode == "chain":
             relayed = [p for p in fleet.peers if any(t is not None for t in _parents(st, p.worker_id))]
@@ -150,11 +150,11 @@ def test_every_worker_installs_every_snapshot(mode):
             assert st.bytes_served == 6 * 3 * size, "star: the learner sends every copy"
             assert plan0 is None or all(len(c) == 1 for c in plan0.chains)
         for v in range(3):
-            assert v in state.t_bcast and v in state.t_bcast_all
-            assert 0 <= state.t_bcast[v] <= state.t_bcast_all[v] < 60
+            assert v in state.publisher.t_bcast and v in state.publisher.t_bcast_all
+            assert 0 <= state.publisher.t_bcast[v] <= state.publisher.t_bcast_all[v] < 60
         status = get_status(server)["broadcast"]
         assert status["mode"] == mode
-        assert status["t_bcast_by_version"]["2"]["q1"] == pytest.approx(state.t_bcast_all[2])
+        assert status["t_bcast_by_version"]["2"]["q1"] == pytest.approx(state.publisher.t_bcast_all[2])
         assert status["installed_by_version"]["2"] == 6
         assert st.failures == {}, "nothing failed on the happy path"
     finally:
@@ -179,14 +179,14 @@ def test_chain_plan_has_n_ch_chains_fed_by_the_learner_once_each():
     async def scenario():
         async with Fleet(server.url, 6) as fleet:
             digest = publish(state, 0)
-            plan = state.bcast.plans[0]
+            plan = state.publisher.bcast.plans[0]
             assert sorted(len(c) for c in plan.chains) == [3, 3]
             await fleet.installed(0)
             assert {p.installed[0] for p in fleet.peers} == {digest}
 
     try:
         bounded(scenario())
-        assert state.bcast.bytes_served == 2 * len(snapshot_bytes(0))
+        assert state.publisher.bcast.bytes_served == 2 * len(snapshot_bytes(0))
     finally:
         server.stop()
 
@@ -202,7 +202,7 @@ def test_relay_killed_mid_broadcast():
     async def scenario():
         async with Fleet(server.url, 6) as fleet:
             digest = publish(state, 0)
-            chain = state.bcast.plans[0].chains[0]
+            chain = state.publisher.bcast.plans[0].chains[0]
             victim, child = fleet.by_id(chain[1]), fleet.by_id(chain[2])
             while len(victim.member.store.chunks.get(0, {})) < 4:
                 await asyncio.sleep(0.01)
@@ -213,16 +213,16 @@ def test_relay_killed_mid_broadcast():
             assert {p.installed[0] for p in survivors} == {digest}
             assert (0, victim.worker_id, "unreachable") in child.client.failures
             assert child.client.transfers == {}, "transfers went out with the install report"
-            while 0 not in state.t_bcast_all:  # until the dead worker is marked lost
+            while 0 not in state.publisher.t_bcast_all:  # until the dead worker is marked lost
                 await asyncio.sleep(0.05)
             return victim, chain
 
     try:
         victim, chain = bounded(scenario())
-        plan = state.bcast.plans[0]
+        plan = state.publisher.bcast.plans[0]
         assert victim.worker_id not in plan.workers()
         assert plan.parent_of(chain[2]) == chain[0], "reattached to the nearest healthy upstream peer"
-        assert state.bcast.stats[victim.worker_id].failures >= 1, "its score fell"
+        assert state.publisher.bcast.stats[victim.worker_id].failures >= 1, "its score fell"
     finally:
         server.stop()
 
@@ -249,14 +249,14 @@ def test_relay_that_stops_making_progress_is_excised():
         async with fleet:
             give_score(state, staller.worker_id)  # the seed: it has a child
             digest = publish(state, 0)
-            child_id = state.bcast.plans[0].child_of(staller.worker_id)
+            child_id = state.publisher.bcast.plans[0].child_of(staller.worker_id)
             await fleet.installed(0)
             assert {p.installed[0] for p in fleet.peers} == {digest}
             assert (0, staller.worker_id, "stalled") in fleet.by_id(child_id).client.failures
 
     try:
         bounded(scenario())
-        assert state.bcast.failures["stalled"] >= 1
+        assert state.publisher.bcast.failures["stalled"] >= 1
     finally:
         server.stop()
 
@@ -275,32 +275,32 @@ def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
             slow = fleet.peers[0]
             publish(state, 0)
             await fleet.installed(0)
-            while len(state.bcast.rates) < 6:  # both sides' accounts of all six streams
+            while len(state.publisher.bcast.rates) < 6:  # both sides' accounts of all six streams
                 await asyncio.sleep(0.02)
-            with state.lock:  # B0 = 2.5 x the measured Bw_hat: two chains again
-                policy = state.bcast.policy
-                state.bcast.policy = dataclasses.replace(policy, uplink_budget_bps=2.5 * state.bcast.bw_hat())
+            with state.shared.lock:  # B0 = 2.5 x the measured Bw_hat: two chains again
+                policy = state.publisher.bcast.policy
+                state.publisher.bcast.policy = dataclasses.replace(policy, uplink_budget_bps=2.5 * state.publisher.bcast.bw_hat())
             slow.member.relay.upload_bucket = TokenBucket(1e5)
             give_score(state, slow.worker_id)  # the first seed, with a child
             digest = publish(state, 1)
-            child_id = state.bcast.plans[1].child_of(slow.worker_id)
+            child_id = state.publisher.bcast.plans[1].child_of(slow.worker_id)
             assert child_id is not None
             await fleet.installed(1)
             assert {p.installed[1] for p in fleet.peers} == {digest}
             assert (1, slow.worker_id, "slow") in fleet.by_id(child_id).client.failures
-            plan = state.bcast.plans[1]
+            plan = state.publisher.bcast.plans[1]
             assert slow.worker_id not in plan.workers(), "it left the chain in flight"
             assert plan.parent_of(child_id) is not None, "moved behind a peer, not onto the learner"
-            assert state.bcast.stats[slow.worker_id].demoted
+            assert state.publisher.bcast.stats[slow.worker_id].demoted
             publish(state, 2)
-            assert state.bcast.plans[2].child_of(slow.worker_id) is None, "only a tail"
+            assert state.publisher.bcast.plans[2].child_of(slow.worker_id) is None, "only a tail"
             await fleet.installed(2)
             return slow.worker_id
 
     try:
         slow_id = bounded(scenario())
-        assert state.bcast.failures["slow"] == 1
-        assert not state.bcast.stats[slow_id].demoted, "it sat out one plan"
+        assert state.publisher.bcast.failures["slow"] == 1
+        assert not state.publisher.bcast.stats[slow_id].demoted, "it sat out one plan"
     finally:
         server.stop()
 
@@ -328,22 +328,22 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
         flip_first_byte(liar.member.relay)
         async with fleet:
             give_score(state, liar.worker_id)
-            ref = state.bcast.reference_bps()  # Speed against one reference, before and after
-            before = state.bcast.stats[liar.worker_id].score(state.clock(), ref)
+            ref = state.publisher.bcast.reference_bps()  # Speed against one reference, before and after
+            before = state.publisher.bcast.stats[liar.worker_id].score(state.shared.clock(), ref)
             digest = publish(state, 0)
-            child = fleet.by_id(state.bcast.plans[0].child_of(liar.worker_id))
+            child = fleet.by_id(state.publisher.bcast.plans[0].child_of(liar.worker_id))
             await fleet.installed(0)
             assert {p.installed[0] for p in fleet.peers} == {digest}, "only verified bytes installed"
             assert (0, liar.worker_id, "bad_chunk") in child.client.failures
             assert child.member.store.complete(0) and child.member.store.assemble(0) == snapshot_bytes(0)
-            after = state.bcast.stats[liar.worker_id].score(state.clock(), ref)
+            after = state.publisher.bcast.stats[liar.worker_id].score(state.shared.clock(), ref)
             assert after < before, "the lying relay's score fell"
             # next publication: it is not a seed any more, and it gets no child for version 0
-            assert liar.worker_id in state.bcast.leaf_only[0]
+            assert liar.worker_id in state.publisher.bcast.leaf_only[0]
 
     try:
         bounded(scenario())
-        assert state.bcast.failures["bad_chunk"] == 1
+        assert state.publisher.bcast.failures["bad_chunk"] == 1
     finally:
         server.stop()
 
@@ -356,8 +356,8 @@ def test_manifest_with_a_bad_signature_is_refused():
 
     async def scenario():
         async with Fleet(server.url, 6) as fleet:
-            good_key = state.signing_key
-            state.signing_key = Ed25519PrivateKey.generate()
+            good_key = state.publisher.signing_key
+            state.publisher.signing_key = Ed25519PrivateKey.generate()
             publish(state, 0)
             # every worker has decided about version 0: refused it, or (were the check gone) installed it
             while not all(0 in p.client.refused or 0 in p.installed for p in fleet.peers):
@@ -365,7 +365,7 @@ def test_manifest_with_a_bad_signature_is_refused():
             assert all("signature" in p.client.refused.get(0, "") for p in fleet.peers)
             assert all(0 not in p.installed and 0 not in p.member.store.manifests for p in fleet.peers)
             assert all(p.client.installed_version == -1 for p in fleet.peers)
-            state.signing_key = good_key
+            state.publisher.signing_key = good_key
             digest = publish(state, 1)
             await fleet.installed(1)
             assert {p.installed[1] for p in fleet.peers} == {digest}
@@ -390,7 +390,7 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             first = peer.worker_id
             now[0] += 100.0
             state.expire()
-            assert state.workers[first].status.value == "lost"
+            assert state.registry.workers[first].status.value == "lost"
             while peer.worker_id == first:
                 await asyncio.sleep(0.02)
             assert peer.member.reregistered == 1 and peer.client.worker_id == peer.worker_id
@@ -398,7 +398,7 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             await fleet.installed(0)
             assert peer.installed[0] == digest
             deadline = asyncio.get_running_loop().time() + 10.0  # the install report follows the install
-            while peer.worker_id not in state.bcast.installed_at.get(0, {}):
+            while peer.worker_id not in state.publisher.bcast.installed_at.get(0, {}):
                 assert asyncio.get_running_loop().time() < deadline, "no install report"
                 await asyncio.sleep(0.02)
 
@@ -452,7 +452,7 @@ def test_broadcast_endpoints_refuse_bad_input():
         status, body = call(server, "POST", "/v1/register", {"name": "w", "inbound": True, "relay_port": 5})
         wid = json.loads(body)["worker_id"]
         CREDENTIALS[wid] = json.loads(body)["credential"]
-        assert state.workers[wid].relay_url == "http://127.0.0.1:5"
+        assert state.registry.workers[wid].relay_url == "http://127.0.0.1:5"
         assert call(server, "GET", "/v1/manifest/0")[1]["error"] == "no_snapshot"
         digest = publish(state, 0)
         assert call(server, "GET", "/v1/manifest/0")[0] == 200
@@ -466,11 +466,11 @@ def test_broadcast_endpoints_refuse_bad_input():
         wrong = {"worker_id": wid, "version": 0, "sha256": "0" * 64}
         status, got = call(server, "POST", "/v1/broadcast/installed", wrong)
         assert (status, got["error"]) == (422, "wrong_snapshot")
-        assert wid not in state.bcast.installed_at.get(0, {}), "a refused report changes nothing"
+        assert wid not in state.publisher.bcast.installed_at.get(0, {}), "a refused report changes nothing"
         transfers = [{"parent_id": None, "bytes": 1, "seconds": 0.1}]
         ok = {"worker_id": wid, "version": 0, "sha256": digest, "transfers": transfers}
         assert call(server, "POST", "/v1/broadcast/installed", ok)[0] == 200
-        assert wid in state.bcast.installed_at[0]
+        assert wid in state.publisher.bcast.installed_at[0]
         assert call(server, "GET", "/v1/published?after=0&wait=0")[1] == b'{"version": 0}'
     finally:
         server.stop()
@@ -519,14 +519,14 @@ def test_broadcast_only_worker_process():
     proc = subprocess.Popen([*cmd, "--name", "proc", "--inbound", "--relay-host", "127.0.0.1", "-q"])
     try:
         deadline = time.monotonic() + 60
-        while not state.workers and time.monotonic() < deadline:
+        while not state.registry.workers and time.monotonic() < deadline:
             time.sleep(0.05)
-        (info,) = state.workers.values()
+        (info,) = state.registry.workers.values()
         assert info.relay_url.startswith("http://127.0.0.1:")
         publish(state, 0)
-        while info.worker_id not in state.bcast.installed_at.get(0, {}) and time.monotonic() < deadline:
+        while info.worker_id not in state.publisher.bcast.installed_at.get(0, {}) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert info.worker_id in state.bcast.installed_at[0] and 0 in state.t_bcast_all
+        assert info.worker_id in state.publisher.bcast.installed_at[0] and 0 in state.publisher.t_bcast_all
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -78,7 +78,7 @@ def test_the_coordinators_refusals_arrive_typed(coord):
         async with await CoordinatorClient.create(server.url, TOKEN, retry=FAST) as c:
             reg = await c.register(RegisterRequest(name="w"))
             wid = reg.worker_id
-            assert reg.public_key == state.public_key and reg.published_version == -1
+            assert reg.public_key == state.publisher.public_key and reg.published_version == -1
             with pytest.raises(Forbidden) as e:  # our credential is not nobody's
                 await c.heartbeat(HeartbeatRequest(worker_id="nobody", version=-1))
             assert (e.value.status, e.value.reason) == (403, "forbidden") and e.value.detail
@@ -95,7 +95,7 @@ def test_the_coordinators_refusals_arrive_typed(coord):
             assert await c.lease(LeaseRequest(worker_id=wid, version=-1, max_groups=1)) is None  # 204
             with pytest.raises(NoSnapshot):
                 await c.manifest(0)
-            state.publish(0, b"v0", keep=2)
+            state.publisher.publish(0, b"v0", keep=2)
             assert (await c.manifest(0))["version"] == 0
             assert await c.published(after=-1, wait=0) == 0
             route = await c.route(RouteRequest(worker_id=wid, version=0))
@@ -110,9 +110,9 @@ def test_the_coordinators_refusals_arrive_typed(coord):
             with pytest.raises(Invalid) as e:
                 await c.push(PushRequest(worker_id=wid, lease_id=lease.lease_id, records=[record("g9")]))
             assert e.value.reason == "wrong_group"
-            state.publish(1, b"v1", keep=2)
-            state.publish(2, b"v2", keep=2)
-            state.set_learner_version(2)  # v - S = 1 > 0: version-0 records are stale
+            state.publisher.publish(1, b"v1", keep=2)
+            state.publisher.publish(2, b"v2", keep=2)
+            state.intake.set_learner_version(2)  # v - S = 1 > 0: version-0 records are stale
             with pytest.raises(Stale) as e:
                 await c.push(PushRequest(worker_id=wid, lease_id=lease.lease_id, records=[record("g0")]))
             assert (e.value.status, e.value.reason) == (409, "stale")

@@ -4,6 +4,7 @@ with a reason for every kind of bad request, leaving the buffer exactly as it wa
 from __future__ import annotations
 
 import json
+import sys
 import urllib.error
 import urllib.request
 
@@ -12,7 +13,7 @@ from support import FakeClock, make_state
 
 from echo2.control.coordinator import Coordinator
 from echo2.control.errors import Released
-from echo2.control.state import CoordinatorState
+from echo2.control.publisher import Publisher
 
 TOKEN = "secret-token"
 CREDENTIALS: dict[str, str] = {}
@@ -73,14 +74,14 @@ def record(gid, rid, *, version=0, prompt=(1, 2), response=(3, 4), reward=1.0, *
 
 
 def leased(server, state, wid, groups=1):
-    state.publish(0, b"weights-v0", keep=2)
+    state.publisher.publish(0, b"weights-v0", keep=2)
     status, lease = call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": groups})
     assert status == 200
     return lease
 
 
 def snapshot(state):
-    return (len(state.buffer), state.buffer.contents_by_version(), state.accepted, sorted(state.buffer._seen))
+    return (len(state.intake.buffer), state.intake.buffer.contents_by_version(), state.intake.ingestion.accepted, sorted(state.intake.buffer._seen))
 
 
 def test_register_requires_the_token(coord):
@@ -88,7 +89,7 @@ def test_register_requires_the_token(coord):
     for token in (None, "wrong"):
         status, body = call(server, "POST", "/v1/register", {"name": "w"}, token=token)
         assert status == 401 and body["error"] == "unauthorized"
-    assert state.workers == {}
+    assert state.registry.workers == {}
     assert call(server, "GET", "/status", token=None)[0] == 401
 
 
@@ -96,7 +97,7 @@ def test_lease_push_and_idempotent_retry(coord):
     server, state, _ = coord
     wid = register(server)
     assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": 1})[0] == 204
-    state.publish(0, b"weights-v0", keep=2)
+    state.publisher.publish(0, b"weights-v0", keep=2)
     # a worker that has installed nothing gets no lease, even when S would admit version -1
     assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": -1, "max_groups": 1})[0] == 204
     lease = leased(server, state, wid)
@@ -108,8 +109,8 @@ def test_lease_push_and_idempotent_retry(coord):
     }
     assert call(server, "POST", "/v1/trajectories", batch) == (200, {"accepted": 2, "duplicates": 0})
     assert call(server, "POST", "/v1/trajectories", batch) == (200, {"accepted": 0, "duplicates": 2})
-    assert len(state.buffer) == 2 and state.accepted == 2 and state.buffer.num_ready_groups() == 1
-    assert state.leases == {}, "a lease whose groups are all complete is closed"
+    assert len(state.intake.buffer) == 2 and state.intake.ingestion.accepted == 2 and state.intake.buffer.num_ready_groups() == 1
+    assert state.intake.ingestion.leases == {}, "a lease whose groups are all complete is closed"
     status, body = call(server, "GET", "/status")
     assert status == 200 and body["workers"][0]["state"] == "active" and body["buffer_by_version"] == {"0": 2}
 
@@ -118,7 +119,7 @@ def test_heartbeat_and_manifest_and_snapshot(coord):
     server, state, _ = coord
     wid = register(server)
     assert call(server, "GET", "/v1/snapshot")[0] == 404
-    state.publish(0, b"weights-v0", keep=2)
+    state.publisher.publish(0, b"weights-v0", keep=2)
     status, manifest = call(server, "GET", "/v1/snapshot")
     assert status == 200 and manifest["version"] == 0 and manifest["size"] == 10
     req = urllib.request.Request(server.url + "/v1/snapshot/0", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -127,7 +128,7 @@ def test_heartbeat_and_manifest_and_snapshot(coord):
     assert (
         call(server, "POST", "/v1/heartbeat", {"worker_id": wid, "version": 0, "throughput": 3.0})[0] == 200
     )
-    assert state.workers[wid].throughput == 3.0
+    assert state.registry.workers[wid].throughput == 3.0
     assert call(server, "GET", "/v1/snapshot/7")[0] == 404
     assert call(server, "GET", "/v1/snapshot/x")[0] == 400
 
@@ -158,21 +159,21 @@ def test_bad_pushes_get_4xx_and_change_nothing(coord, records, status, reason):
     got_status, got = call(server, "POST", "/v1/trajectories", raw=raw)
     assert (got_status, got["error"]) == (status, reason) and got["detail"]
     assert snapshot(state) == before
-    assert state.rejected[reason] >= 1
+    assert state.intake.ingestion.rejected[reason] >= 1
 
 
 def test_stale_records_are_rejected_and_their_prompts_reissued(coord):
     server, state, _ = coord
     wid = register(server)
     lease = leased(server, state, wid)
-    state.publish(1, b"v1", keep=2)
-    state.publish(2, b"v2", keep=2)
-    state.set_learner_version(2)  # v - S = 1 > 0
+    state.publisher.publish(1, b"v1", keep=2)
+    state.publisher.publish(2, b"v2", keep=2)
+    state.intake.set_learner_version(2)  # v - S = 1 > 0
     before = snapshot(state)
     body = {"worker_id": wid, "lease_id": lease["lease_id"], "records": [record("g0", "a")]}
     status, got = call(server, "POST", "/v1/trajectories", body)
     assert (status, got["error"]) == (409, "stale") and snapshot(state) == before
-    assert list(state.reissue) == [0]
+    assert list(state.intake.ingestion.reissue) == [0]
     # a worker still on version 0 gets no lease until it installs a newer snapshot
     assert call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 0, "max_groups": 1})[0] == 204
     status, again = call(server, "POST", "/v1/lease", {"worker_id": wid, "version": 2, "max_groups": 1})
@@ -203,14 +204,14 @@ def test_stale_records_are_rejected_and_their_prompts_reissued(coord):
 def test_bad_requests_to_every_endpoint(coord, path, body, status, reason):
     server, state, _ = coord
     wid = register(server)
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     body = json.loads(json.dumps(body).replace('"W"', json.dumps(wid)))
-    workers_before = {k: (v.version, v.throughput, v.status) for k, v in state.workers.items()}
+    workers_before = {k: (v.version, v.throughput, v.status) for k, v in state.registry.workers.items()}
     before = snapshot(state)
     got_status, got = call(server, "POST", path, body)
     assert (got_status, got["error"]) == (status, reason), got
-    assert snapshot(state) == before and len(state.leases) == 0
-    assert {k: (v.version, v.throughput, v.status) for k, v in state.workers.items()} == workers_before
+    assert snapshot(state) == before and len(state.intake.ingestion.leases) == 0
+    assert {k: (v.version, v.throughput, v.status) for k, v in state.registry.workers.items()} == workers_before
 
 
 def test_not_json_and_oversized_bodies(coord):
@@ -240,14 +241,14 @@ def test_expired_lease_is_reissued_and_late_result_dropped(coord):
         "records": [record("g0", "a"), record("g0", "b")],
     }
     status, got = call(server, "POST", "/v1/trajectories", late)
-    assert (status, got["error"]) == (409, "lease_expired") and len(state.buffer) == 0
+    assert (status, got["error"]) == (409, "lease_expired") and len(state.intake.buffer) == 0
     good = {
         "worker_id": fast,
         "lease_id": other["lease_id"],
         "records": [record("g0", "c"), record("g0", "d")],
     }
     assert call(server, "POST", "/v1/trajectories", good)[0] == 200
-    assert len(state.buffer) == 2
+    assert len(state.intake.buffer) == 2
 
 
 def test_silent_worker_is_lost_and_its_lease_reissued(coord):
@@ -269,14 +270,14 @@ def test_silent_worker_is_lost_and_its_lease_reissued(coord):
 def test_t_bcast_measured_from_heartbeats(coord):
     server, state, clock = coord
     workers = [register(server, f"w{i}") for i in range(3)]
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     clock.now += 2.0
     for wid in workers[:2]:
         call(server, "POST", "/v1/heartbeat", {"worker_id": wid, "version": 0})
-    assert state.t_bcast == {}, "2 of 3 is below q = 0.9"
+    assert state.publisher.t_bcast == {}, "2 of 3 is below q = 0.9"
     clock.now += 1.5
     call(server, "POST", "/v1/heartbeat", {"worker_id": workers[2], "version": 0})
-    assert state.t_bcast == {0: pytest.approx(3.5)}
+    assert state.publisher.t_bcast == {0: pytest.approx(3.5)}
 
 
 def test_scheduler_in_the_coordinator_state():
@@ -287,29 +288,29 @@ def test_scheduler_in_the_coordinator_state():
 
     clock = FakeClock()
     state = make_state(clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: 2.0)
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     ids = {
         name: state.register(
             name=name, hardware="x", price_per_hour=price, inbound=False, throughput=1.0
         ).worker_id
         for name, price in [("a", 0.3), ("b", 0.9), ("c", 0.4), ("d", 0.5)]
     }
-    assert state.lease(ids["a"], version=0, max_groups=1) is None, "standby: no lease"
+    assert state.intake.lease(ids["a"], version=0, max_groups=1) is None, "standby: no lease"
     state.expire()
     clock.now += 20.0
     for wid in ids.values():
         state.heartbeat(wid, version=0, throughput=1.0)
     state.expire()
-    assert [d["worker"] for d in state.decisions] == ["a", "c"]  # rho 0.3, 0.4 reach 2.0/s
-    assert state.lease(ids["a"], version=0, max_groups=1) is not None
+    assert [d["worker"] for d in state.fleet.decisions] == ["a", "c"]  # rho 0.3, 0.4 reach 2.0/s
+    assert state.intake.lease(ids["a"], version=0, max_groups=1) is not None
     # "c" dies: within one heartbeat timeout it is lost and "d" (next cheapest) replaces it at once
     for _ in range(6):
         clock.now += 2.0
         for name in ("a", "b", "d"):
             state.heartbeat(ids[name], version=0, throughput=1.0)
         state.expire()
-    assert state.decisions[-1]["worker"] == "d" and "replacing lost" in state.decisions[-1]["reason"]
-    assert len(state.decisions) == 3
+    assert state.fleet.decisions[-1]["worker"] == "d" and "replacing lost" in state.fleet.decisions[-1]["reason"]
+    assert len(state.fleet.decisions) == 3
 
 
 class FakeProvider:
@@ -356,7 +357,7 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
     state = make_state(
         clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: target["mu"], provider=provider
     )
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     state.expire()
     clock.now += 20.0
     state.expire()
@@ -368,7 +369,7 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
         n: state.register(name=n, hardware="x", price_per_hour=p, inbound=False, throughput=1.0).worker_id
         for n, p in [("a", 0.3), ("c", 0.4)]
     }
-    assert state.lease(ids["a"], version=0, max_groups=1) is not None, "a started worker is active"
+    assert state.intake.lease(ids["a"], version=0, max_groups=1) is not None, "a started worker is active"
 
     target["mu"] = 0.8  # capacity 2.0 is far above: after the sustained interval, "c" (dearer) goes
     for _ in range(11):
@@ -377,23 +378,23 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
             state.heartbeat(wid, version=0, throughput=1.0)
         state.expire()
     assert provider.calls[-1] == ("stop", "c")
-    assert state.workers[ids["c"]].status is WorkerStatus.RELEASED
-    assert state.decisions[-1]["action"] == "release" and state.decisions[-1]["worker"] == "c"
+    assert state.registry.workers[ids["c"]].status is WorkerStatus.RELEASED
+    assert state.fleet.decisions[-1]["action"] == "release" and state.fleet.decisions[-1]["worker"] == "c"
     with pytest.raises(Released):  # told to stop, not to register again (410 on the wire)
-        state.lease(ids["c"], version=0, max_groups=1)
-    n_decisions = len(state.decisions)
+        state.intake.lease(ids["c"], version=0, max_groups=1)
+    n_decisions = len(state.fleet.decisions)
     for _ in range(10):  # "c" says nothing any more: released, never lost, never replaced
         clock.now += 2.0
         state.heartbeat(ids["a"], version=0, throughput=1.0)
         state.expire()
-    assert state.workers[ids["c"]].status is WorkerStatus.RELEASED and len(state.decisions) == n_decisions
+    assert state.registry.workers[ids["c"]].status is WorkerStatus.RELEASED and len(state.fleet.decisions) == n_decisions
 
     target["mu"] = 1.0  # "a" goes silent: lost within one heartbeat timeout, stopped as failed, replaced
     clock.now += 11.0
     state.expire()
-    assert state.workers[ids["a"]].status is WorkerStatus.LOST
+    assert state.registry.workers[ids["a"]].status is WorkerStatus.LOST
     assert ("stop-failed", "a") in provider.calls
-    assert provider.calls[-1] == ("start", "c") and "replacing lost" in state.decisions[-1]["reason"]
+    assert provider.calls[-1] == ("start", "c") and "replacing lost" in state.fleet.decisions[-1]["reason"]
 
 
 def test_worker_relay_port_in_use_exits_2(capsys):
@@ -412,14 +413,14 @@ def test_worker_relay_port_in_use_exits_2(capsys):
     assert "--relay-port" in capsys.readouterr().err
 
 
-def test_a_state_subclass_wraps_route_and_report_installed():
-    """The broadcast benchmark times routes and installs by subclassing the state (no monkeypatching):
-    the coordinator calls the overrides, and the answers are unchanged."""
+def test_a_publisher_subclass_wraps_route_and_report_installed():
+    """The broadcast benchmark times routes and installs by subclassing the publisher (no
+    monkeypatching): the coordinator calls the overrides, and the answers are unchanged."""
     import hashlib
 
     seen: list[tuple[str, int]] = []
 
-    class Timed(CoordinatorState):
+    class Timed(Publisher):
         def route(self, worker_id, version):
             seen.append(("route", version))
             return super().route(worker_id, version)
@@ -429,12 +430,12 @@ def test_a_state_subclass_wraps_route_and_report_installed():
             super().report_installed(worker_id, version, sha256, transfers)
 
     clock = FakeClock()
-    state = make_state(clock, Timed)
+    state = make_state(clock, publisher=Timed)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
     server.start()
     try:
         wid = register(server)
-        state.publish(0, b"v0", keep=2)
+        state.publisher.publish(0, b"v0", keep=2)
         status, route = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 0})
         assert status == 200 and route == {"version": 0, "parent_id": None, "url": None, "min_rate_bps": None}
         status, got = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 5})
@@ -444,6 +445,54 @@ def test_a_state_subclass_wraps_route_and_report_installed():
         status, got = call(server, "POST", "/v1/broadcast/installed", {**body, "sha256": "0" * 64})
         assert (status, got["error"]) == (422, "wrong_snapshot")
         assert seen == [("route", 0), ("route", 5), ("installed", 0), ("installed", 0)]
-        assert state.workers[wid].version == 0
+        assert state.registry.workers[wid].version == 0
+    finally:
+        server.stop()
+
+
+class CountingLock:
+    """The state's lock, noting the function that takes it each time (`with` or `acquire`)."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.takers = lock, []
+
+    def acquire(self, *args, **kwargs):
+        self.takers.append(sys._getframe(1).f_code.co_name)
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self):
+        self.takers.append(sys._getframe(1).f_code.co_name)
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.lock.__exit__(*exc)
+
+
+def test_a_push_takes_the_state_lock_once_and_checks_its_lease_once():
+    """Authentication, the lease's rules, the referee, the store and the journal of one push: one
+    acquisition of the state's lock and one lease check (the expiry round's own are left out)."""
+    refereed, journalled, checks = [], [], []
+
+    class Referee:
+        def check(self, record, index):
+            refereed.append((record.record_id, index))
+
+    state = make_state(FakeClock(), referee=Referee(), journal=lambda records, prompts: journalled.append(prompts))
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
+    server.start()
+    try:
+        wid = register(server)
+        lease = leased(server, state, wid)
+        check = state.intake.ingestion.check
+        state.intake.ingestion.check = lambda *a, **k: checks.append(a[1]) or check(*a, **k)
+        lock = state.shared.lock = CountingLock(state.shared.lock)
+        batch = {"worker_id": wid, "lease_id": lease["lease_id"], "records": [record("g0", "a"), record("g0", "b")]}
+        assert call(server, "POST", "/v1/trajectories", batch) == (200, {"accepted": 2, "duplicates": 0})
+        assert [t for t in lock.takers if t != "expire"] == ["ingest"]
+        assert checks == [lease["lease_id"]]
+        assert refereed == [("a", 0), ("b", 0)] and journalled == [{"g0": 0}]
     finally:
         server.stop()

@@ -53,7 +53,7 @@ def populate(server, state) -> None:
     reply = post(server, "/v1/register", {"name": "alpha", "price_per_hour": 0.35})
     alpha, own = reply["worker_id"], reply["credential"]  # a worker's calls carry its own credential
     post(server, "/v1/register", {"name": "<b>beta</b>", "price_per_hour": 3.06})
-    state.publish(0, b"weights-v0", keep=2)
+    state.publisher.publish(0, b"weights-v0", keep=2)
     lease = post(server, "/v1/lease", {"worker_id": alpha, "version": 0, "max_groups": 1}, own)
     gid = f"g{lease['indices'][0]}"
     good = [

@@ -53,10 +53,10 @@ def test_standby_workers_report_a_calibrated_or_declared_throughput(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(figures) < len(flags):
             time.sleep(0.1)
-            with source.state.lock:
+            with source.state.shared.lock:
                 figures = {
-                    w.name: source.state.throughput(w, source.state.clock())
-                    for w in source.state.workers.values()
+                    w.name: source.state.intake.throughput(w, source.state.shared.clock())
+                    for w in source.state.registry.workers.values()
                 }
                 figures = {name: mu for name, mu in figures.items() if mu is not None}
         rows = {r["name"]: r for r in source.state.status()["workers"]}
@@ -70,4 +70,4 @@ def test_standby_workers_report_a_calibrated_or_declared_throughput(tmp_path):
     assert figures["plain"] > 0, "calibrated"
     assert workers[0].throughput == figures["plain"], "the worker's own timing, as reported"
     assert all(r["state"] == "standby" and r["delivered"] is None for r in rows.values())
-    assert source.state.next_index == 0, "no lease was issued"
+    assert source.state.intake.ingestion.next_index == 0, "no lease was issued"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from echo2.control import client, errors
-from echo2.control.coordinator import refusal
+from echo2.control.http import refusal
 from echo2.control.errors import INVALID, Reason
 
 

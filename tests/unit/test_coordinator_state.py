@@ -183,9 +183,9 @@ def test_facade_is_deterministic_with_injected_key_and_ids():
     for _ in range(2):
         state = make_state(FakeClock(), signing_key=key, ids=ids())
         w = state.register(name="a", hardware="x", price_per_hour=1.0, inbound=False).worker_id
-        blob = state.publish(0, b"weights", keep=2)
-        lease = state.lease(w, version=0, max_groups=1)
-        runs.append((w, lease.lease_id, state.public_key, blob.manifest.model_dump()))
+        blob = state.publisher.publish(0, b"weights", keep=2)
+        lease = state.intake.lease(w, version=0, max_groups=1)
+        runs.append((w, lease.lease_id, state.publisher.public_key, blob.manifest.model_dump()))
     assert runs[0] == runs[1]
     assert runs[0][:3] == ("id0", "id1", public_key_hex(key))
 
@@ -247,8 +247,8 @@ def test_provider_is_never_called_under_the_lock():
     state = make_state(
         clock, scheduler=Scheduler(sustain_s=0.0), target=lambda: target["mu"], provider=provider, ids=ids()
     )
-    provider.lock = state.lock
-    state.publish(0, b"v0", keep=2)
+    provider.lock = state.shared.lock
+    state.publisher.publish(0, b"v0", keep=2)
     state.expire()
     assert [c for c in provider.calls if c.startswith(("start", "stop"))] == ["start a", "start c"]
     ids_ = {
@@ -261,11 +261,11 @@ def test_provider_is_never_called_under_the_lock():
     for wid in ids_.values():
         state.heartbeat(wid, version=0, throughput=1.0)
     state.expire()
-    assert "stop c" in provider.calls and state.workers[ids_["c"]].status is WorkerStatus.RELEASED
+    assert "stop c" in provider.calls and state.registry.workers[ids_["c"]].status is WorkerStatus.RELEASED
     clock.now += 11.0  # "a" goes silent: stopped as failed
     state.expire()
     assert "stop-failed a" in provider.calls
-    assert [d["worker"] for d in state.decisions][:3] == ["a", "c", "c"]
+    assert [d["worker"] for d in state.fleet.decisions][:3] == ["a", "c", "c"]
 
 
 def test_probe_detects_a_call_under_the_lock():
@@ -284,7 +284,7 @@ def test_a_failing_provider_call_records_nothing_and_propagates():
     clock = FakeClock()
     provider = Broken([("a", 1.0, 0.3)])
     state = make_state(clock, scheduler=Scheduler(sustain_s=0.0), target=lambda: 1.0, provider=provider)
-    provider.lock = state.lock
+    provider.lock = state.shared.lock
     with pytest.raises(OSError):
         state.expire()
-    assert list(state.decisions) == [] and not state.lock._is_owned()
+    assert list(state.fleet.decisions) == [] and not state.shared.lock._is_owned()

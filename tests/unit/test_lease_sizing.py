@@ -160,19 +160,19 @@ def test_a_worker_that_declares_too_much_is_sized_by_what_it_delivers():
     every later one, and its standing with the scheduler, from the delivered rate."""
     clock = FakeClock()
     state = make_state(clock, max_groups_per_lease=8, groups_per_step=8)  # lease timeout 30 s, groups of 2
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     wid = state.register(
         name="liar", hardware="x", price_per_hour=1.0, inbound=False, throughput=100.0
     ).worker_id
-    first = state.lease(wid, version=0, max_groups=8)
+    first = state.intake.lease(wid, version=0, max_groups=8)
     assert len(first.indices) == 8, "0.5 * 30 s * 100/s = 750 groups fit; a step is 8"
     clock.now += 16.0
-    state.ingest(wid, first.lease_id, records(first))  # 16 records in 16 s
-    info = state.workers[wid]
-    assert state.throughput(info, clock.now) == 1.0
+    state.intake.ingest(wid, first.lease_id, records(first))  # 16 records in 16 s
+    info = state.registry.workers[wid]
+    assert state.intake.throughput(info, clock.now) == 1.0
     row = next(r for r in state.status()["workers"] if r["worker_id"] == wid)
     assert row["delivered"] == 1.0
-    second = state.lease(wid, version=0, max_groups=8)
+    second = state.intake.lease(wid, version=0, max_groups=8)
     assert len(second.indices) == 7, "0.5 * 30 s * 1/s = 15 trajectories = 7 groups of 2"
     assert second.deadline == clock.now + 30.0
     # it then goes quiet on its lease (heartbeating): the lease expires, counted, and it is sized
@@ -180,24 +180,24 @@ def test_a_worker_that_declares_too_much_is_sized_by_what_it_delivers():
     clock.now += 31.0
     state.heartbeat(wid, version=0, throughput=100.0)
     state.expire()
-    assert state.ingestion.expired == 1 and state.reissued == 7
-    assert state.throughput(info, clock.now) == pytest.approx(16 / 47)
-    third = state.lease(wid, version=0, max_groups=8)
+    assert state.intake.ingestion.expired == 1 and state.intake.ingestion.reissued == 7
+    assert state.intake.throughput(info, clock.now) == pytest.approx(16 / 47)
+    third = state.intake.lease(wid, version=0, max_groups=8)
     assert len(third.indices) == math.floor(0.5 * 30 * 16 / 47 / 2) == 2
 
 
 def test_a_slow_workers_single_group_gets_a_deadline_it_can_meet():
     clock = FakeClock()
     state = make_state(clock)  # lease timeout 30 s, groups of 2
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     wid = state.register(
         name="slow", hardware="x", price_per_hour=1.0, inbound=False, throughput=0.05
     ).worker_id
-    lease = state.lease(wid, version=0, max_groups=4)
+    lease = state.intake.lease(wid, version=0, max_groups=4)
     assert len(lease.indices) == 1 and lease.deadline == clock.now + 80.0  # 2 / 0.05 = 40 s, doubled
     clock.now += 41.0
     state.heartbeat(wid, version=0, throughput=0.05)
     state.expire()
-    assert state.leases, "not reissued while it can still finish"
-    state.ingest(wid, lease.lease_id, records(lease))
-    assert state.reissued == 0 and state.ingestion.expired == 0
+    assert state.intake.ingestion.leases, "not reissued while it can still finish"
+    state.intake.ingest(wid, lease.lease_id, records(lease))
+    assert state.intake.ingestion.reissued == 0 and state.intake.ingestion.expired == 0

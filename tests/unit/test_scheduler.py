@@ -91,7 +91,7 @@ def test_five_standby_workers_are_activated_in_rho_order_not_all_at_once():
     clock = FakeClock()
     target = {"mu": 1.5}
     state = make_state(clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: target["mu"])
-    state.publish(0, b"v0", keep=2)
+    state.publisher.publish(0, b"v0", keep=2)
     # name: ($/h, trajectories/s, declared at registration or calibrated and sent in a heartbeat)
     pool_ = {
         "a": (3.0, 6.0, "declared"),  # rho 0.5
@@ -125,8 +125,8 @@ def test_five_standby_workers_are_activated_in_rho_order_not_all_at_once():
             clock.now += 5.0
             beat()
             state.expire()
-        now = [d["worker"] for d in state.decisions if d["action"] == "activate"]
+        now = [d["worker"] for d in state.fleet.decisions if d["action"] == "activate"]
         assert len(now) == len(activated) + 1, f"target {mu}: one activation, got {now[len(activated) :]}"
         activated = now
     assert activated == ["e", "a", "c", "b", "d"]
-    assert [d["reason"].rsplit("rho=", 1)[1] for d in state.decisions] == ["0.25", "0.5", "1", "2", "4"]
+    assert [d["reason"].rsplit("rho=", 1)[1] for d in state.fleet.decisions] == ["0.25", "0.5", "1", "2", "4"]

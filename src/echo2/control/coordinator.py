@@ -1,12 +1,13 @@
 """The coordinator's HTTP service (aiohttp), run by the learner process in a background thread.
 
 Owns the transport only: authentication (the run token admits new workers; every call made as a
-worker must carry that worker's own credential, issued at registration), body-size cap, per-handler timeout, request validation and
-the answer to every refusal (control/errors.py: each class carries its HTTP status), in one
-middleware. Every decision is made by `CoordinatorState` (or the subclass it is given).
-The endpoints are documented in docs/protocol.md. As the learner's end of snapshot broadcast it also
-serves signed manifests and chunk streams (the learner is the parent of every chain's seed), paced
-by one uplink token bucket shared by all of them.
+worker must carry that worker's own credential, issued at registration), the body-size cap, the
+workers' calls (register, heartbeat, lease, push), the long poll for publications, the status, and
+the server's thread. The guard middleware, body reading and the answer to every refusal are in
+http.py; the learner's end of snapshot broadcast (manifests and chunk streams paced by one uplink
+token bucket, the receivers' reports) is a `SnapshotRoutes` (snapshot_routes.py) whose routes it
+serves. Every decision is made by `CoordinatorState` and its parts. The endpoints are documented
+in docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from echo2.broadcast.bucket import TokenBucket
 from echo2.control import errors, identity, prom, status_page, validate
-from echo2.control.errors import Forbidden, Reason, Refused, Unauthorized, Unreadable
+from echo2.control.errors import Forbidden, Reason, Unauthorized, Unreadable
+from echo2.control.http import guard, read_body, refusal
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
@@ -38,16 +39,13 @@ from echo2.control.protocol import (
     RegisterResponse,
     ReturnRequest,
 )
-from echo2.control.snapshot_routes import WORKER, SnapshotRoutes
+from echo2.control.snapshot_routes import STREAMS, SnapshotRoutes
 from echo2.control.state import CoordinatorState
 from echo2.records import InvalidTrajectory
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 2**20
-HANDLER_TIMEOUT = 30.0
-STREAMS = {"chunks", "snapshot_data"}
-"""Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
 LONG_POLL_MAX = 25.0
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
@@ -56,17 +54,7 @@ STOPS_WORKER = {f"{API}/{name}" for name in ("register", "heartbeat", "lease", "
 """Calls on which a worker acts on `run_finished` by stopping (the broadcast client's just retry)."""
 
 
-def _error(status: int, reason: str, detail: str) -> web.Response:
-    return web.json_response({"error": reason, "detail": detail}, status=status)
-
-
-def refusal(error: Refused) -> web.Response:
-    """The one answer to every refusal: its class's status, `{"error": reason, "detail": ...}`."""
-    assert error.status >= 400, f"{type(error).__name__} has no HTTP status"
-    return _error(error.status, error.reason, error.detail)
-
-
-class Coordinator(SnapshotRoutes):
+class Coordinator:
     def __init__(
         self,
         state: CoordinatorState,
@@ -86,12 +74,8 @@ class Coordinator(SnapshotRoutes):
         self.any_relay_host = any_relay_host
         """Accept a relay_host other than the address a registration came from."""
         self.max_body = max_body
-        self.uplink_bps = uplink_bps
-        """Cap on the snapshot bytes/s the learner sends, all streams together (None: uncapped)."""
-        self.stream_bps = stream_bps
-        """Cap on each of the learner's chunk streams, bytes/s (the paper's learner sends to each
-        seed at Bw; None: only the shared cap)."""
-        self.uplink: TokenBucket | None = None  # made in the server's own event loop
+        self.snapshots = SnapshotRoutes(state.publisher, uplink_bps=uplink_bps, stream_bps=stream_bps)
+        """The learner's end of snapshot broadcast (snapshot_routes.py)."""
         self._published: asyncio.Event | None = None
         self._stopping = False
         self.state = state
@@ -111,7 +95,11 @@ class Coordinator(SnapshotRoutes):
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.max_body,
-            middlewares=[status_page.middleware(lambda: self.token), self._guard, self._finished],
+            middlewares=[
+                status_page.middleware(lambda: self.token),
+                guard(self._caller, streams=STREAMS),
+                self._finished,
+            ],
         )
         app.add_routes(
             [
@@ -120,49 +108,14 @@ class Coordinator(SnapshotRoutes):
                 web.post(f"{API}/lease", self.lease, name="lease"),
                 web.post(f"{API}/lease/return", self.return_lease, name="return_lease"),
                 web.post(f"{API}/trajectories", self.push, name="push"),
-                web.get(f"{API}/snapshot", self.manifest),
-                web.get(f"{API}/snapshot/{{version}}", self.snapshot, name="snapshot_data"),
                 web.get(f"{API}/published", self.published),
-                web.get(f"{API}/manifest/{{version}}", self.chunk_manifest),
-                web.get(f"{API}/chunks/{{version}}", self.chunks, name="chunks"),
-                web.post(f"{API}/broadcast/route", self.route, name="route"),
-                web.post(f"{API}/broadcast/failure", self.failure, name="failure"),
-                web.post(f"{API}/broadcast/installed", self.installed, name="installed"),
-                web.post(f"{API}/broadcast/sent", self.sent, name="sent"),
+                *self.snapshots.routes(),
                 web.get("/status", self.status),
                 web.get("/metrics", self.metrics),
                 *status_page.routes(),
             ]
         )
         return app
-
-    @web.middleware
-    async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
-        try:
-            request[WORKER] = self._caller(request)
-            if request.match_info.route.name in STREAMS:
-                return await handler(request)
-            async with asyncio.timeout(HANDLER_TIMEOUT):
-                return await handler(request)
-        except Refused as e:
-            return refusal(e)
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            return refusal(errors.Invalid(Reason.MALFORMED, f"{where}: {err['msg']}"))
-        except web.HTTPRequestEntityTooLarge as e:
-            return refusal(errors.TooLarge(validate.printable(e.text)))
-        except TimeoutError:
-            return _error(503, "timeout", f"handler took over {HANDLER_TIMEOUT}s")
-        except web.HTTPException as e:  # no route (404), wrong method (405): JSON like every answer
-            if e.status < 400:
-                raise
-            detail = f"{request.method} {validate.printable(request.path)}: {e.reason}"
-            cls = {404: errors.NotFound, 405: errors.MethodNotAllowed}.get(e.status)
-            return refusal(cls(detail)) if cls else _error(e.status, "http_error", detail)
-        except Exception:  # a bug, not the peer's fault: logged, answered in JSON, the server lives on
-            logger.exception("%s %s failed", request.method, validate.printable(request.path))
-            return _error(500, "internal", "the coordinator failed on this request (logged)")
 
     def _caller(self, request: web.Request) -> str | None:
         """The worker a request is made by (None: the run token's holder), or a refusal."""
@@ -186,7 +139,7 @@ class Coordinator(SnapshotRoutes):
     async def _finished(self, request: web.Request, handler) -> web.StreamResponse:
         """Once the run is over (state closed), every worker call is answered 410 `run_finished`,
         so workers stop (exit 0) instead of retrying a learner that is gone; `told` keeps who heard."""
-        if not (self.state.closed and request.method == "POST" and request.path.startswith(API + "/")):
+        if not (self.state.shared.closed and request.method == "POST" and request.path.startswith(API + "/")):
             return await handler(request)
         try:
             worker_id = json.loads(await request.read()).get("worker_id")
@@ -196,29 +149,9 @@ class Coordinator(SnapshotRoutes):
             self.told.add(worker_id)
         return refusal(errors.RunFinished("the learner finished this run; stop"))
 
-    @staticmethod
-    async def _body(request: web.Request, model, *, limit: int = validate.SMALL_BODY):
-        """The body as `model`: JSON of at most `limit` bytes (`max_body` for pushes), nested no
-        deeper than the decoder's recursion limit."""
-        if (request.content_length or 0) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-        raw = await request.read()
-        if len(raw) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise Unreadable(f"body is not JSON: {validate.printable(e)}") from None
-        except RecursionError:
-            raise Unreadable("body is nested too deep") from None
-        req = model.model_validate(data)
-        if "worker_id" in model.model_fields and req.worker_id != request[WORKER]:
-            raise Forbidden(f"this credential is not worker {validate.printable(req.worker_id)!r}'s")
-        return req
-
     # ------------------------------------------------------------------ handlers
     async def register(self, request: web.Request) -> web.Response:
-        req = await self._body(request, RegisterRequest)
+        req = await read_body(request, RegisterRequest)
         relay_url = None
         if req.relay_port is not None:
             observed = request.remote or ""
@@ -244,52 +177,54 @@ class Coordinator(SnapshotRoutes):
                 worker_id=info.worker_id,
                 run=self.run_info,
                 heartbeat_interval=self.heartbeat_interval,
-                published_version=self.state.published_version,
-                public_key=self.state.public_key,
+                published_version=self.state.shared.published_version,
+                public_key=self.state.publisher.public_key,
                 credential=self.state.issue_credential(info.worker_id),
                 epoch=self.state.epoch,
             ).model_dump()
         )
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        req = await self._body(request, HeartbeatRequest)
+        req = await read_body(request, HeartbeatRequest)
         self.state.heartbeat(req.worker_id, version=req.version, throughput=req.throughput)
         return web.json_response(
-            {"published_version": self.state.published_version, "epoch": self.state.epoch}
+            {"published_version": self.state.shared.published_version, "epoch": self.state.epoch}
         )
 
     async def lease(self, request: web.Request) -> web.Response:
-        req = await self._body(request, LeaseRequest)
-        lease = self.state.lease(req.worker_id, version=req.version, max_groups=req.max_groups)
+        req = await read_body(request, LeaseRequest)
+        lease = self.state.intake.lease(req.worker_id, version=req.version, max_groups=req.max_groups)
         if lease is None:
             return web.Response(status=204)
-        deadline_s = lease.deadline - self.state.clock()
+        deadline_s = lease.deadline - self.state.shared.clock()
         body = LeaseResponse(lease_id=lease.lease_id, indices=list(lease.indices), deadline_s=deadline_s)
         return web.json_response(body.model_dump())
 
     async def return_lease(self, request: web.Request) -> web.Response:
-        req = await self._body(request, ReturnRequest)
-        self.state.return_lease(req.worker_id, req.lease_id)
+        req = await read_body(request, ReturnRequest)
+        self.state.intake.return_lease(req.worker_id, req.lease_id)
         return web.json_response({"ok": True})
 
     async def push(self, request: web.Request) -> web.Response:
         try:
-            req = await self._body(request, PushRequest, limit=self.max_body)
+            req = await read_body(request, PushRequest, limit=self.max_body)
         except (ValidationError, Unreadable):
-            self.state.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
+            self.state.intake.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
-        pusher = self.state.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
+        pusher = self.state.registry.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
         tag = {"worker": pusher.name if pusher is not None else req.worker_id}
         try:
             records = [r.trajectory(tag) for r in req.records]
         except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
-            self.state.refuse(req.worker_id, e.reason, len(req.records))
+            self.state.intake.refuse(req.worker_id, e.reason, len(req.records))
             raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
-        problem = validate.batch_problem(records, reward_range=self.state.ingestion.limits.reward_range)
+        problem = validate.batch_problem(
+            records, reward_range=self.state.intake.ingestion.limits.reward_range
+        )
         if problem is not None:  # refused whole: nothing stored, only the refusal counted
-            self.state.refuse(req.worker_id, problem.reason, len(records))
+            self.state.intake.refuse(req.worker_id, problem.reason, len(records))
             raise errors.InvalidBatch(problem.reason, problem.detail)
-        return web.json_response(self.state.ingest(req.worker_id, req.lease_id, records))
+        return web.json_response(self.state.intake.ingest(req.worker_id, req.lease_id, records))
 
     # ------------------------------------------------------------------ snapshot broadcast
     async def published(self, request: web.Request) -> web.Response:
@@ -303,12 +238,13 @@ class Coordinator(SnapshotRoutes):
         except ValueError:
             raise Unreadable("after must be an integer and wait a number") from None
         try:
+            shared = self.state.shared
             async with asyncio.timeout(wait):
-                while self.state.published_version <= after and not (self.state.closed or self._stopping):
+                while shared.published_version <= after and not (shared.closed or self._stopping):
                     await self._published.wait()
         except TimeoutError:
             pass
-        return web.json_response({"version": self.state.published_version})
+        return web.json_response({"version": self.state.shared.published_version})
 
     def notify_published(self) -> None:
         """Wake the long polls (called from the learner's thread after each publication)."""
@@ -327,7 +263,7 @@ class Coordinator(SnapshotRoutes):
     def full_status(self) -> dict[str, Any]:
         body = self.state.status()
         body.update(self.status_extra())
-        body["clock"] = self.state.clock()  # the time base of `scheduler_decisions`
+        body["clock"] = self.state.shared.clock()  # the time base of `scheduler_decisions`
         return body
 
     async def status(self, request: web.Request) -> web.Response:
@@ -364,10 +300,10 @@ class Coordinator(SnapshotRoutes):
         return self.url
 
     async def _start(self, host: str, port: int) -> None:
-        self.uplink = TokenBucket(self.uplink_bps) if self.uplink_bps else None
+        self.snapshots.start()
         self._published = asyncio.Event()
         self._stopping = False
-        self.state.listeners.append(self.notify_published)
+        self.state.publisher.listeners.append(self.notify_published)
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context)
@@ -380,7 +316,7 @@ class Coordinator(SnapshotRoutes):
 
     async def _expire_forever(self) -> None:
         while True:
-            await asyncio.sleep(min(1.0, self.state.heartbeat_timeout / 4))
+            await asyncio.sleep(min(1.0, self.state.registry.heartbeat_timeout / 4))
             try:
                 self.state.expire()
             except Exception:  # e.g. a provider that cannot start a process: log, keep expiring
@@ -389,8 +325,8 @@ class Coordinator(SnapshotRoutes):
     async def _stop(self) -> None:
         self._stopping = True
         self._wake()  # long polls answer now
-        if self.notify_published in self.state.listeners:
-            self.state.listeners.remove(self.notify_published)
+        if self.notify_published in self.state.publisher.listeners:
+            self.state.publisher.listeners.remove(self.notify_published)
         if self._expiry:
             self._expiry.cancel()
         if self._runner:

@@ -3,7 +3,7 @@
 Pure: the caller passes the registry, the provider's slots as read before (`Slots`) and `now`; the
 fleet returns steps, each a scheduler decision with the provider call that carries it out (`Call`,
 or None for a registered worker that only moves in or out of the reserve). It never calls the
-provider itself: the state façade (state.py) applies the calls outside its lock, because starting a
+provider itself: the coordinator's state (state.py) applies the calls outside its lock, because starting a
 process (the `local` provider) or renting a machine takes a while, and records each decision once
 its call is done. Changes to registered workers (released, moved to standby, their leases put back)
 are the caller's to make with the step. Knows no sockets and no lock.

@@ -1,12 +1,12 @@
 """Which workers' records keep failing verification: strikes, quarantine, and who made each group.
 
-Pure bookkeeping, no lock (the state façade in state.py holds one), no I/O. A refusal an honest
+Pure bookkeeping, no lock (the intake, intake.py, holds the state's), no I/O. A refusal an honest
 worker never earns (a forged reward, a fabricated log-prob, a prompt that is not the leased one:
 `INTEGRITY`) is a strike against the worker that sent it; after `quarantine_after` strikes the
 worker is quarantined: it gets no more leases and its pushes are refused, and /status shows it.
 Stale records and expired leases are the network's doing and never strike. The learner's own
 refusals after training (log-probs that disagree with its recomputation) strike too, through the
-group -> worker map kept here. Does not know leases or the registry: the façade puts a quarantined
+group -> worker map kept here. Does not know leases or the registry: the intake puts a quarantined
 worker's leases back.
 """
 

@@ -1,12 +1,12 @@
 """Leases and ingestion: which prompts each worker generates, and the checked hand-off of its
 records to the replay buffer.
 
-Pure bookkeeping with the caller's clock and the caller's lease ids: no lock (the state façade in
-state.py holds one), no I/O. Owns the open leases, the prompt cursor, the reissue queue and the
+Pure bookkeeping with the caller's clock and the caller's lease ids: no lock (the intake, intake.py,
+holds the state's), no I/O. Owns the open leases, the prompt cursor, the reissue queue and the
 ingestion counters. A lease's prompts go back to the queue when it expires, is returned, turns out
 stale or its worker is lost. Ingestion is all-or-nothing: a batch with one bad record is refused
 whole with a reason (errors.py) and changes nothing but the refusal counter (and, when stale, the
-reissue queue). Does not know whether a worker is registered: the façade checks that first.
+reissue queue). Does not know whether a worker is registered: the intake checks that first.
 
 How big a lease is and when it is due are pure functions of the worker's throughput
 (`lease_groups`, `lease_deadline`): a lease fits well inside the lease timeout on a worker as fast as
@@ -281,13 +281,20 @@ class Leases:
         published_version: int,
         now: float | None = None,
     ) -> dict[str, int]:
-        """Store a batch whole or not at all. A retried batch is acknowledged, stored once. `now`
-        times the worker's delivered rate (None: a completed lease does not count for it)."""
+        """Store a batch whole or not at all (`screen`, then `store`). A retried batch is
+        acknowledged, stored once. `now` times the worker's delivered rate (None: a completed lease
+        does not count for it)."""
         fresh = [r for r in records if not self.buffer.seen(r.record_id)]
         if not fresh:
             return {"accepted": 0, "duplicates": len(records)}
-        self.screen(worker_id, lease_id, fresh, published_version=published_version)
-        lease = self.leases[lease_id]
+        lease = self.screen(worker_id, lease_id, fresh, published_version=published_version)
+        return {
+            "accepted": self.store(worker_id, lease, fresh, now=now),
+            "duplicates": len(records) - len(fresh),
+        }
+
+    def store(self, worker_id: str, lease: Lease, fresh: list[Trajectory], *, now: float | None) -> int:
+        """Hand a screened batch's fresh records to the buffer; returns how many were stored."""
         stored = self.buffer.add(fresh)
         assert stored == len(fresh), "validated records are all admitted"
         for gid in Counter(r.group_id for r in fresh):
@@ -299,15 +306,15 @@ class Leases:
         if lease.done_groups == lease.group_ids:
             self._close(lease, now)
         self.accepted += stored
-        return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+        return stored
 
     def screen(
         self, worker_id: str, lease_id: str, fresh: list[Trajectory], *, published_version: int
-    ) -> None:
-        """`check` the batch's fresh records; a refusal is counted (and a stale lease's prompts
-        are put back) before it is raised."""
+    ) -> Lease:
+        """`check` the batch's fresh records and return their lease; a refusal is counted (and a
+        stale lease's prompts are put back) before it is raised."""
         try:
-            self.check(worker_id, lease_id, fresh, published_version=published_version)
+            return self.check(worker_id, lease_id, fresh, published_version=published_version)
         except Refused as e:
             self.rejected[e.reason] += len(fresh)
             lease = self.leases.get(lease_id)
@@ -317,8 +324,9 @@ class Leases:
 
     def check(
         self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int
-    ) -> None:
-        """The first rule a batch breaks, as a refusal (docs/protocol.md lists them in this order)."""
+    ) -> Lease:
+        """The batch's lease, or the first rule the batch breaks, as a refusal (docs/protocol.md
+        lists them in this order). The one lease check of a push."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.worker_id != worker_id:
             raise LeaseExpired(f"lease {lease_id!r} is not held by this worker")
@@ -355,6 +363,7 @@ class Leases:
         for gid, n in Counter(r.group_id for r in records).items():
             if self.buffer.group_count(gid) + n > lim.group_size:
                 raise InvalidBatch(Reason.GROUP_OVERFLOW, f"group {gid}: more than {lim.group_size} records")
+        return lease
 
     def status(self) -> dict:
         """The ingestion figures GET /status shows."""

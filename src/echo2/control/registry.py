@@ -1,11 +1,11 @@
 """The coordinator's worker registry: who is registered, when each was last heard, what it runs.
 
-Pure bookkeeping with the caller's clock and the caller's ids: no lock (the state façade in
-state.py holds one), no I/O, no id or key generation. Owns the workers' records, their heartbeat
+Pure bookkeeping with the caller's clock and the caller's ids: no lock (the coordinator's
+state, state.py, holds one), no I/O, no id or key generation. Owns the workers' records, their heartbeat
 samples for the scheduler's sliding window and their expiry (silent past `heartbeat_timeout`:
 lost), and which throughput figure the scheduler and the lease sizing believe (`throughput`). Does
 not know leases, snapshots or providers: a lost worker's leases, a lost provided worker's process
-and what a worker delivered on its leases (leases.py: `Delivery`) are the façade's to handle.
+and what a worker delivered on its leases (leases.py: `Delivery`) are the state's parts' to handle.
 """
 
 from __future__ import annotations

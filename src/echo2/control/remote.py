@@ -133,7 +133,7 @@ class RemoteRollout:
         self.idle = 0.0
         self.train = 0.0
         self.journal = journal.Journal(run_dir / journal.NAME, epoch=self.state.epoch) if run_dir else None
-        self.state.journal = self.journal.accepted if self.journal is not None else None
+        self.state.intake.journal = self.journal.accepted if self.journal is not None else None
         self.held: list = []
         """Replayed records newer than the resumed learner, put in the buffer as it reaches them."""
         self.offpolicy: dict[str, Any] = {}
@@ -150,7 +150,7 @@ class RemoteRollout:
             ssl_context=_tls(ccfg.tls_cert, ccfg.tls_key),
             any_relay_host=ccfg.any_relay_host,
         )
-        self.fingerprint = identity.fingerprint(self.state.public_key)
+        self.fingerprint = identity.fingerprint(self.state.publisher.public_key)
         """What workers pin the learner's key by (`echo2 worker --learner-key`)."""
         logger.info("learner key fingerprint: %s", self.fingerprint)
         self.token_file: Path | None = None
@@ -174,7 +174,9 @@ class RemoteRollout:
     # ------------------------------------------------------------------ RolloutSource
     def next_groups(self, num_groups: int):
         start = time.perf_counter()
-        groups, staleness = self.state.take_groups(num_groups, timeout=self.config.coordinator.wait_timeout)
+        groups, staleness = self.state.intake.take_groups(
+            num_groups, timeout=self.config.coordinator.wait_timeout
+        )
         waited = time.perf_counter() - start
         if not groups:
             raise RuntimeError(
@@ -184,7 +186,7 @@ class RemoteRollout:
             )
         if self.journal is not None:
             self.journal.taken(self.buffer.learner_version, [r.record_id for g in groups for r in g])
-        with self.state.lock:  # also read by GET /status, from the coordinator's thread
+        with self.state.shared.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
             self.consumed_staleness.update(staleness)
             stats = {"time/learner_wait": waited, **self._bcast_metrics()}
@@ -192,35 +194,35 @@ class RemoteRollout:
 
     def _bcast_metrics(self) -> dict[str, float]:
         """T_bcast of the newest version measured so far (keys absent until one is)."""
-        if not self.state.t_bcast:
+        if not self.state.publisher.t_bcast:
             return {}
-        v = max(self.state.t_bcast)
-        out = {"bcast/version": float(v), "bcast/t_q90": self.state.t_bcast[v]}
-        if v in self.state.t_bcast_all:
-            out["bcast/t_all"] = self.state.t_bcast_all[v]
+        v = max(self.state.publisher.t_bcast)
+        out = {"bcast/version": float(v), "bcast/t_q90": self.state.publisher.t_bcast[v]}
+        if v in self.state.publisher.t_bcast_all:
+            out["bcast/t_all"] = self.state.publisher.t_bcast_all[v]
         return out
 
     def record_train_time(self, seconds: float) -> None:
-        with self.state.lock:
+        with self.state.shared.lock:
             self.t_train.append(seconds)
             self.train += seconds
 
     def record_metrics(self, row: dict[str, Any]) -> None:
-        with self.state.lock:  # GET /status shows the last step's off-policy diagnostics
+        with self.state.shared.lock:  # GET /status shows the last step's off-policy diagnostics
             self.offpolicy = {
                 "step": row["step"],
                 **{k: v for k, v in row.items() if k.startswith("offpolicy/")},
             }
 
     def advance(self, version: int) -> None:
-        self.state.set_learner_version(version)
+        self.state.intake.set_learner_version(version)
         if self.held:
-            with self.state.lock:
+            with self.state.shared.lock:
                 self.held = journal.admit_held(self.buffer, self.held)
-                self.state.ready.notify_all()
+                self.state.shared.ready.notify_all()
 
     def flag(self, records, reason: str) -> list[str]:
-        return self.state.flag(records, reason)
+        return self.state.intake.flag(records, reason)
 
     def start(self, snapshot: Snapshot) -> None:
         """Workers start from the learner's current weights; then the hooks (start local workers)."""
@@ -230,20 +232,20 @@ class RemoteRollout:
 
     def publish(self, snapshot: Snapshot) -> None:
         data = serialise(snapshot)
-        self.state.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
+        self.state.publisher.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
         if self.journal is not None:
             self.journal.published(snapshot.version, self.state.epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        with self.state.lock:
-            pending = list(self.state.reissue) + [
-                i for lease in self.state.leases.values() for i in lease.indices
+        with self.state.shared.lock:
+            pending = list(self.state.intake.ingestion.reissue) + [
+                i for lease in self.state.intake.ingestion.leases.values() for i in lease.indices
             ]
             out = {
-                "next_prompt": self.state.next_index,
+                "next_prompt": self.state.intake.ingestion.next_index,
                 "reissue": pending,
                 "buffer": self.buffer.state_dict(),
-                "buffered": dict(self.state.ingestion.buffered),
+                "buffered": dict(self.state.intake.ingestion.buffered),
                 "held": [r.to_dict() for r in self.held],
             }
             if self.journal is not None:
@@ -255,15 +257,15 @@ class RemoteRollout:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from echo2.records import Trajectory
 
-        with self.state.lock:
-            self.state.next_index = state["next_prompt"]
-            self.state.reissue.extend(state.get("reissue", []))
+        with self.state.shared.lock:
+            self.state.intake.ingestion.next_index = state["next_prompt"]
+            self.state.intake.ingestion.reissue.extend(state.get("reissue", []))
             self.buffer.load_state_dict(state["buffer"])
-            self.state.ingestion.buffered.update(state.get("buffered", {}))
+            self.state.intake.ingestion.buffered.update(state.get("buffered", {}))
             self.held = [Trajectory.from_dict(d) for d in state.get("held", [])]
             if self.journal is not None and "journal_offset" in state:
                 since = journal.accepted_since(self.journal.path, state["journal_offset"])
-                self.held += journal.replay(self.state.ingestion, since)
+                self.held += journal.replay(self.state.intake.ingestion, since)
 
     def close(self) -> None:
         for hook in self.before_close:
@@ -279,8 +281,12 @@ class RemoteRollout:
         heartbeat), for at most two heartbeat intervals and a second: then they exit 0 by themselves."""
         deadline = time.monotonic() + 2 * self.config.coordinator.heartbeat_interval + 1.0
         while time.monotonic() < deadline:
-            with self.state.lock:
-                live = {w.worker_id for w in self.state.workers.values() if w.status is WorkerStatus.ACTIVE}
+            with self.state.shared.lock:
+                live = {
+                    w.worker_id
+                    for w in self.state.registry.workers.values()
+                    if w.status is WorkerStatus.ACTIVE
+                }
             if live <= self.coordinator.told:
                 return
             time.sleep(0.05)
@@ -298,7 +304,9 @@ class RemoteRollout:
         t_train = statistics.median(self.t_train) if self.t_train else self.t_train_hint
         if t_train is None:
             return None
-        t_bcast = statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else 0.0
+        t_bcast = (
+            statistics.median(self.state.publisher.t_bcast.values()) if self.state.publisher.t_bcast else 0.0
+        )
         return capacity.target_throughput(
             kappa=self.config.learner.publish_every,
             staleness=self.config.learner.staleness,
@@ -310,32 +318,36 @@ class RemoteRollout:
         )
 
     def active_workers(self) -> int:
-        with self.state.lock:
-            return sum(w.status is WorkerStatus.ACTIVE for w in self.state.workers.values())
+        with self.state.shared.lock:
+            return sum(w.status is WorkerStatus.ACTIVE for w in self.state.registry.workers.values())
 
     def timings(self) -> dict[str, Any]:
         """Learner-side measurements, shown in GET /status and the run summary."""
-        with self.state.lock:
+        with self.state.shared.lock:
             return self._timings()
 
     def _timings(self) -> dict[str, Any]:
         busy = self.idle + self.train
         return {
             "t_train": statistics.median(self.t_train) if self.t_train else None,
-            "t_bcast": statistics.median(self.state.t_bcast.values()) if self.state.t_bcast else None,
+            "t_bcast": statistics.median(self.state.publisher.t_bcast.values())
+            if self.state.publisher.t_bcast
+            else None,
             "t_bcast_all": (
-                statistics.median(self.state.t_bcast_all.values()) if self.state.t_bcast_all else None
+                statistics.median(self.state.publisher.t_bcast_all.values())
+                if self.state.publisher.t_bcast_all
+                else None
             ),
             "broadcast_mode": self.config.broadcast.mode,
             "offpolicy": dict(self.offpolicy),
             "learner_idle_s": self.idle,
             "staleness_histogram": {str(k): v for k, v in sorted(self.consumed_staleness.items())},
             "bubble_ratio": self.idle / busy if busy else None,
-            "ingest_rejected": dict(self.state.rejected),
-            "scheduler_decisions": list(self.state.decisions),
+            "ingest_rejected": dict(self.state.intake.ingestion.rejected),
+            "scheduler_decisions": list(self.state.fleet.decisions),
             "workers_cost_per_hour": sum(
                 w.price_per_hour
-                for w in self.state.workers.values()
+                for w in self.state.registry.workers.values()
                 if w.status is WorkerStatus.ACTIVE and not w.standby
             ),
         }

@@ -2,8 +2,9 @@
 chunk manifests and chunk streams paced by the learner's uplink bucket (the learner is the parent
 of every chain's seed), and the receivers' reports (routes, failures, installs, transfers).
 
-A mixin of `Coordinator` (control/coordinator.py), which owns the app, the authentication and the
-uplink bucket; every decision is `CoordinatorState`'s.
+`SnapshotRoutes` owns the uplink bucket and the per-stream cap; `Coordinator` (coordinator.py) adds
+its `routes()` to the app and authenticates the callers (http.py). Every decision is the
+publisher's (publisher.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from aiohttp import web
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
 from echo2.control.errors import Unreadable
+from echo2.control.http import WORKER, read_body
 from echo2.control.protocol import (
+    API,
     FailureRequest,
     InstalledRequest,
     Route,
@@ -24,18 +27,43 @@ from echo2.control.protocol import (
     SentRequest,
     SnapshotInfo,
 )
+from echo2.control.publisher import Publisher
 
 WRITE_TIMEOUT = 60.0
 """Seconds one write of a snapshot stream may take."""
-WORKER = web.RequestKey("worker", str)
-"""The worker a request is made as (None: the run token's holder)."""
+STREAMS = {"chunks", "snapshot_data"}
+"""Routes that stream snapshot bytes: no overall timeout (each write has one instead)."""
 
 
 class SnapshotRoutes:
-    """Handlers of `Coordinator` (which sets `state`, `uplink`, `stream_bps` and `_body`)."""
+    def __init__(self, publisher: Publisher, *, uplink_bps: float | None, stream_bps: float | None) -> None:
+        self.publisher = publisher
+        self.uplink_bps = uplink_bps
+        """Cap on the snapshot bytes/s the learner sends, all streams together (None: uncapped)."""
+        self.stream_bps = stream_bps
+        """Cap on each of the learner's chunk streams, bytes/s (the paper's learner sends to each
+        seed at Bw; None: only the shared cap)."""
+        self.uplink: TokenBucket | None = None  # made in the server's own event loop (`start`)
+
+    def start(self) -> None:
+        """Called in the server's event loop before it serves."""
+        self.uplink = TokenBucket(self.uplink_bps) if self.uplink_bps else None
+
+    def routes(self) -> list[web.RouteDef]:
+        """Its routes (their names are the guard's: worker calls, streams)."""
+        return [
+            web.get(f"{API}/snapshot", self.manifest),
+            web.get(f"{API}/snapshot/{{version}}", self.snapshot, name="snapshot_data"),
+            web.get(f"{API}/manifest/{{version}}", self.chunk_manifest),
+            web.get(f"{API}/chunks/{{version}}", self.chunks, name="chunks"),
+            web.post(f"{API}/broadcast/route", self.route, name="route"),
+            web.post(f"{API}/broadcast/failure", self.failure, name="failure"),
+            web.post(f"{API}/broadcast/installed", self.installed, name="installed"),
+            web.post(f"{API}/broadcast/sent", self.sent, name="sent"),
+        ]
 
     async def manifest(self, request: web.Request) -> web.Response:
-        blob = self.state.blob()
+        blob = self.publisher.blob()
         return web.json_response(
             SnapshotInfo(version=blob.version, size=len(blob.data), sha256=blob.sha256).model_dump()
         )
@@ -45,7 +73,7 @@ class SnapshotRoutes:
             version = int(request.match_info["version"])
         except ValueError:
             raise Unreadable("version must be an integer") from None
-        return self.state.blob(version)
+        return self.publisher.blob(version)
 
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
         """The whole snapshot in one body (tools, debugging; workers use the chunk streams)."""
@@ -62,7 +90,7 @@ class SnapshotRoutes:
                 await self.uplink.consume(len(piece))
             async with asyncio.timeout(WRITE_TIMEOUT):
                 await resp.write(piece)
-        self.state.record_bytes_served(len(view))
+        self.publisher.record_bytes_served(len(view))
         await resp.write_eof()
         return resp
 
@@ -82,7 +110,7 @@ class SnapshotRoutes:
         async def get_chunk(index: int, wait: float) -> memoryview:
             nonlocal sent
             sent += len(blob.chunks[index])
-            self.state.record_bytes_served(len(blob.chunks[index]))
+            self.publisher.record_bytes_served(len(blob.chunks[index]))
             return blob.chunks[index]
 
         started = time.monotonic()
@@ -100,32 +128,32 @@ class SnapshotRoutes:
         finally:  # the learner's own account of what it sent this worker (cross-checks its report)
             if request[WORKER] is not None and sent:
                 seconds = max(time.monotonic() - started, 1e-6)
-                self.state.report_sent(None, blob.version, request[WORKER], sent, seconds)
+                self.publisher.report_sent(None, blob.version, request[WORKER], sent, seconds)
 
     async def route(self, request: web.Request) -> web.Response:
-        req = await self._body(request, RouteRequest)
-        parent_id, url = self.state.route(req.worker_id, req.version)
+        req = await read_body(request, RouteRequest)
+        parent_id, url = self.publisher.route(req.worker_id, req.version)
         return self._route(req.worker_id, req.version, parent_id, url)
 
     async def failure(self, request: web.Request) -> web.Response:
-        req = await self._body(request, FailureRequest)
-        parent_id, url = self.state.report_failure(
+        req = await read_body(request, FailureRequest)
+        parent_id, url = self.publisher.report_failure(
             req.worker_id, req.version, req.parent_id, req.reason, req.detail
         )
         return self._route(req.worker_id, req.version, parent_id, url)
 
     def _route(self, worker_id: str, version: int, parent_id: str | None, url: str | None) -> web.Response:
-        floor = self.state.relay_floor(worker_id, version, parent_id)
+        floor = self.publisher.relay_floor(worker_id, version, parent_id)
         route = Route(version=version, parent_id=parent_id, url=url, min_rate_bps=floor)
         return web.json_response(route.model_dump())
 
     async def installed(self, request: web.Request) -> web.Response:
-        req = await self._body(request, InstalledRequest)
+        req = await read_body(request, InstalledRequest)
         transfers = [(t.parent_id, t.bytes, t.seconds) for t in req.transfers]
-        self.state.report_installed(req.worker_id, req.version, req.sha256, transfers)
+        self.publisher.report_installed(req.worker_id, req.version, req.sha256, transfers)
         return web.json_response({"ok": True})
 
     async def sent(self, request: web.Request) -> web.Response:
-        req = await self._body(request, SentRequest)
-        self.state.report_sent(req.worker_id, req.version, req.child_id, req.bytes, req.seconds)
+        req = await read_body(request, SentRequest)
+        self.publisher.report_sent(req.worker_id, req.version, req.child_id, req.bytes, req.seconds)
         return web.json_response({"ok": True})

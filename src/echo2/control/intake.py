@@ -1,0 +1,238 @@
+"""The coordinator's intake: leases out prompts and takes in the records generated for them, under
+the state's one lock (shared.py).
+
+Owns the lease book and the buffer hand-off (leases.py: `Leases`, pure), the strikes and quarantine
+(integrity.py), the referee that checks each record against its task, the accepted-records journal,
+and the lease sizing figures (the active pool's throughput). A push is handled under one acquisition
+of the lock, with one lease check: the batch is screened by the lease's rules (the referee decodes
+token ids, and one outside the vocabulary makes a tokenizer raise), checked by the referee, stored
+whole or not at all, journaled before the acknowledgement, and a refusal earns its worker a strike.
+The referee runs inside the lock, so a lease cannot expire between its check and the store; the
+learner thread waits at most one batch's check. Knows no HTTP and no snapshot broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from echo2.control.errors import InvalidBatch, LeaseLimit, Quarantined, Refused
+from echo2.control.integrity import Integrity
+from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
+from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
+from echo2.control.shared import Shared
+from echo2.control.validate import Referee, printable
+from echo2.data.buffer import ReplayBuffer
+from echo2.records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+Journal = Callable[[list[Trajectory], dict[str, int]], None]
+"""Called under the lock with the records of every accepted batch and the prompt index of each of
+their groups, before the acknowledgement (control/journal.py: the log a resumed learner replays)."""
+
+
+class Intake:
+    def __init__(
+        self,
+        shared: Shared,
+        registry: Registry,
+        *,
+        buffer: ReplayBuffer,
+        limits: Limits,
+        group_id_of: Callable[[int], str],
+        lease_timeout: float,
+        ids: Callable[[], str],
+        referee: Referee | None = None,
+        journal: Journal | None = None,
+        max_leases_per_worker: int = 4,
+        max_groups_per_lease: int = 1024,
+        groups_per_step: int | None = None,
+        quarantine_after: int = 3,
+    ) -> None:
+        self.shared = shared
+        self.registry = registry
+        self.buffer = buffer
+        self.ingestion = Leases(
+            buffer=buffer, limits=limits, group_id_of=group_id_of, lease_timeout=lease_timeout
+        )
+        """Open leases, the prompt cursor, the reissue queue and the ingestion counters."""
+        self.integrity = Integrity(quarantine_after=quarantine_after)
+        """Strikes, quarantine, and which worker made each group (control/integrity.py)."""
+        self.ids = ids
+        """Makes lease ids."""
+        self.referee = referee
+        """Checks each record against the task (the leased prompt, the reward); None: no check."""
+        self.journal = journal
+        self.max_leases_per_worker = max_leases_per_worker
+        self.max_groups_per_lease = max_groups_per_lease
+        """Cap on a lease's groups (`coordinator.groups_per_lease`, default a step's batch); below
+        it each lease is sized from its worker's throughput (leases.py: `lease_groups`)."""
+        self.groups_per_step = groups_per_step or max_groups_per_lease
+        """A step's batch in groups, split across the active workers by their throughput."""
+        self.pool_throughput = 0.0
+        """Trajectories/s of the active workers (not in standby), as of the last expiry round."""
+
+    # ------------------------------------------------------------------ throughput (under the lock)
+    def throughput(self, info: WorkerInfo, now: float) -> float | None:
+        """Trajectories/s the coordinator believes of `info` (`Registry.throughput`): delivered on
+        its leases once measured, else its own figure; None: none yet. Called under the lock."""
+        return self.registry.throughput(info, now, delivered=self.ingestion.delivered(info.worker_id))
+
+    def measure_pool(self, now: float) -> None:
+        """Sum the active workers' throughput (called under the lock, by each expiry round)."""
+        self.pool_throughput = sum(
+            self.throughput(w, now) or 0.0
+            for w in self.registry.workers.values()
+            if w.status is WorkerStatus.ACTIVE and not w.standby
+        )
+
+    def forget(self, worker_id: str) -> None:
+        """The worker's registration is forgotten (called under the lock)."""
+        self.integrity.forget(worker_id)
+        self.ingestion.forget(worker_id)
+
+    # ------------------------------------------------------------------ leases
+    def lease(self, worker_id: str, *, version: int, max_groups: int) -> Lease | None:
+        """Prompts to generate, or None: nothing published yet, or the worker's installed version is
+        already too old to be admitted (it should install the newest snapshot first). At most
+        `max_groups` and `max_groups_per_lease` groups, sized from the worker's throughput so that
+        the lease is done well inside its deadline (leases.py: `lease_groups`, `lease_deadline`)."""
+        with self.shared.lock:
+            now = self.shared.clock()
+            info = self.registry.get(worker_id, now)
+            self._check_trusted(worker_id)
+            if self.shared.published_version < 0 or self.shared.closed:
+                return None
+            self.shared.check_version(version)
+            if not self.ingestion.admits(version) or info.standby:
+                return None
+            held = sum(1 for lease in self.ingestion.leases.values() if lease.worker_id == worker_id)
+            if held >= self.max_leases_per_worker:
+                raise LeaseLimit(
+                    f"worker already holds {held} open leases (at most {self.max_leases_per_worker})"
+                )
+            mu = self.throughput(info, now)
+            limits, timeout = self.ingestion.limits, self.ingestion.lease_timeout
+            groups = lease_groups(
+                throughput=mu,
+                pool_throughput=self.pool_throughput,
+                groups_per_step=self.groups_per_step,
+                group_size=limits.group_size,
+                lease_timeout=timeout,
+                cap=min(max_groups, self.max_groups_per_lease),
+            )
+            deadline_s = lease_deadline(
+                groups=groups, throughput=mu, group_size=limits.group_size, lease_timeout=timeout
+            )
+            return self.ingestion.issue(
+                self.ids(), worker_id, max_groups=groups, now=now, deadline_s=deadline_s, version=version
+            )
+
+    def return_lease(self, worker_id: str, lease_id: str) -> None:
+        with self.shared.lock:
+            self.registry.get(worker_id, self.shared.clock())
+            self.ingestion.give_back(worker_id, lease_id)
+
+    # ------------------------------------------------------------------ ingestion
+    def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
+        """Store a batch whole or not at all, under one acquisition of the lock and one lease check.
+        A retried batch is acknowledged, stored once. With a referee, each fresh record is checked
+        against the prompt leased for its group and the task's reward, after the lease's rules."""
+        with self.shared.lock:
+            now = self.shared.clock()
+            self.registry.get(worker_id, now)
+            self._check_trusted(worker_id)
+            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+            if not fresh:
+                return {"accepted": 0, "duplicates": len(records)}
+            try:
+                lease = self.ingestion.screen(
+                    worker_id, lease_id, fresh, published_version=self.shared.published_version
+                )
+            except Refused as e:
+                self._strike(worker_id, e.reason)
+                raise
+            for record in fresh if self.referee is not None else ():
+                problem = self.referee.check(record, lease.index_of[record.group_id])
+                if problem is not None:
+                    self._refuse(worker_id, problem.reason, len(records))
+                    raise InvalidBatch(problem.reason, problem.detail)
+            stored = self.ingestion.store(worker_id, lease, fresh, now=now)
+            if self.journal is not None:  # all fresh records were stored
+                self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
+            self.integrity.stored(worker_id, {r.group_id for r in records})
+            self.shared.ready.notify_all()
+            return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+
+    def count_rejected(self, reason: str, n: int) -> None:
+        """Records refused before they reached the state (a batch that does not parse)."""
+        with self.shared.lock:
+            self.ingestion.rejected[reason] += n
+
+    def refuse(self, worker_id: str, reason: str, n: int) -> None:
+        """A batch of `n` records refused at the door: counted under `reason`, a strike against
+        its worker when an honest one never earns it."""
+        with self.shared.lock:
+            self._refuse(worker_id, reason, n)
+
+    def _refuse(self, worker_id: str, reason: str, n: int) -> None:
+        self.ingestion.rejected[reason] += n
+        self._strike(worker_id, reason)
+
+    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
+        """The learner refused these records after taking them (their log-probs disagree with its
+        own): counted, a strike against each worker that made them; returns those workers."""
+        with self.shared.lock:
+            self.integrity.flagged[reason] += len(records)
+            workers = self.integrity.makers([r.group_id for r in records])
+            for worker_id in workers:
+                self._strike(worker_id, reason)
+            return workers
+
+    def _strike(self, worker_id: str, reason: str) -> None:
+        info = self.registry.workers.get(worker_id)
+        if info is not None and self.integrity.strike(worker_id, reason):
+            self.ingestion.put_back_all(worker_id)
+            logger.warning(
+                "worker quarantined: %s (%s) after %d refusals (last: %s)",
+                printable(info.name),
+                worker_id,
+                self.integrity.strikes[worker_id],
+                reason,
+            )
+
+    def _check_trusted(self, worker_id: str) -> None:
+        if worker_id in self.integrity.quarantined:
+            raise Quarantined(f"worker {worker_id!r} is quarantined: its records kept failing verification")
+
+    # ------------------------------------------------------------------ learner side
+    def take_groups(self, num_groups: int, *, timeout: float) -> tuple[list[list[Trajectory]], list[int]]:
+        """Block until `num_groups` admissible groups are buffered (or timeout), then take them."""
+        with self.shared.lock:
+            self.shared.ready.wait_for(
+                lambda: self.buffer.num_ready_groups() >= num_groups or self.shared.closed, timeout=timeout
+            )
+            if self.buffer.num_ready_groups() < num_groups:
+                return [], []
+            groups, staleness = self.buffer.take(num_groups)
+            self.ingestion.taken(groups)
+            return groups, staleness
+
+    def set_learner_version(self, version: int) -> None:
+        with self.shared.lock:
+            self.ingestion.requeue_evicted(self.buffer.set_learner_version(version))
+
+    # ------------------------------------------------------------------ reporting
+    def status(self, rows: list[dict]) -> dict:
+        """The intake's part of GET /status; marks the registry's `rows` (called under the lock)."""
+        for row in rows:
+            if row["worker_id"] in self.integrity.quarantined:
+                row["state"] = "quarantined"
+            row["delivered"] = self.ingestion.delivered(row["worker_id"])
+        return {
+            "learner_version": self.buffer.learner_version,
+            **self.integrity.status(),
+            "buffer_by_version": {str(k): v for k, v in self.buffer.contents_by_version().items()},
+            **self.ingestion.status(),
+        }
