@@ -160,3 +160,122 @@ def test_a_record_claiming_an_older_version_than_its_lease_is_refused(door: Door
     assert after["buffer"] == before["buffer"] and after["accepted"] == before["accepted"]
     status, body = mallory.push(lease["lease_id"], [dict(r, version=1) for r in records])
     assert status == 200 and body["accepted"] == len(records), body
+
+
+# ---------------------------------------------------------------------------- B: the poker replay
+@pytest.fixture(scope="module")
+def poker():
+    """(task, tokenizer, prompt, honest record): one heads-up hand, every reply "call" + EOS."""
+    from support import TINY
+
+    from echo2.config import EnvTaskConfig, load_config
+    from echo2.data.tasks import make_task
+    from echo2.models import load_tokenizer
+    from echo2.rollout.engine import Sample
+    from echo2.rollout.episodes import collect_episodes
+
+    config = load_config(TINY)
+    tokenizer = load_tokenizer(config.model)
+    task = make_task(
+        EnvTaskConfig(env="poker:heads_up?opponent=call_station&stack_bb=10", max_turns=3, max_tokens=600),
+        seed=0,
+    )
+    rollout = config.rollout.model_copy(update={"max_new_tokens": 6, "max_prompt_tokens": 400})
+
+    class CallEngine:
+        version = 0
+
+        def __init__(self) -> None:
+            self.tokenizer = tokenizer
+
+        def generate_ids(self, encoded, *, n, greedy=False):
+            ids = (*tokenizer("call", add_special_tokens=False).input_ids, tokenizer.eos_token_id)
+            return [
+                [Sample(prompt_ids=(), response_ids=ids, logprobs=(-0.5,) * len(ids), text="call")]
+            ] * len(encoded)
+
+    prompt = task.train_prompt(3)
+    [[record]] = collect_episodes(CallEngine(), task, [prompt], n=1, config=rollout)
+    return task, tokenizer, prompt, record
+
+
+def _first_reply(record) -> tuple[int, int]:
+    start = record.loss_mask.index(1)
+    end = start
+    while record.loss_mask[end]:
+        end += 1
+    return start, end
+
+
+def _splice(record, start: int, end: int, reply: list[int]):
+    import dataclasses
+
+    ids = list(record.response_ids)
+    mask, lps = list(record.loss_mask), list(record.behaviour_logprobs)
+    ids[start:end], mask[start:end], lps[start:end] = reply, [1] * len(reply), [-0.5] * len(reply)
+    return dataclasses.replace(
+        record, response_ids=tuple(ids), loss_mask=tuple(mask), behaviour_logprobs=tuple(lps)
+    )
+
+
+def test_the_honest_poker_record_passes_the_referee(poker):
+    from echo2.learning.verify import TaskReferee
+
+    task, tokenizer, _, record = poker
+    assert TaskReferee(task, tokenizer, max_new_tokens=6).check(record, 3) is None
+
+
+def test_tokens_after_eos_in_a_reply_are_refused(poker):
+    from echo2.learning.verify import TaskReferee
+
+    task, tokenizer, _, record = poker
+    start, end = _first_reply(record)
+    reply = list(record.response_ids[start:end])  # "call" <eos>
+    assert reply[-1] == tokenizer.eos_token_id
+    forged = _splice(record, start, end, reply[:-1] + [tokenizer.eos_token_id] + reply[:1] + [reply[-1]])
+    assert len(forged.response_ids) - start <= len(record.response_ids) - start + 2
+    problem = TaskReferee(task, tokenizer, max_new_tokens=6).check(forged, 3)
+    assert problem is not None and problem.reason == "bad_mask" and "after its EOS" in problem.detail
+
+
+def test_a_21_token_reply_where_the_limit_is_6_is_refused(poker):
+    from echo2.learning.verify import TaskReferee
+
+    task, tokenizer, _, record = poker
+    start, end = _first_reply(record)
+    text = "I think that the best thing to do now, given the pot odds and the stacks, is to call"
+    words = list(tokenizer(text, add_special_tokens=False).input_ids)
+    reply = [*words[:20], tokenizer.eos_token_id]
+    assert len(reply) == 21 and tokenizer.eos_token_id not in reply[:-1]
+    forged = _splice(record, start, end, reply)
+    problem = TaskReferee(task, tokenizer, max_new_tokens=6).check(forged, 3)
+    assert problem is not None and problem.reason == "too_long" and "21 tokens" in problem.detail
+
+
+def test_grouping_in_a_records_metadata_does_not_change_the_advantages(door: Door):
+    """A worker tags its records `grouping: batch`: the learner normalises as its own config says."""
+    import copy
+    import dataclasses
+
+    from echo2.learning.step import train_step
+
+    groups = door.generate([0, 1])
+    groups = [
+        [
+            dataclasses.replace(r, reward=float(i), metadata={**r.metadata, "grouping": "batch"})
+            for i, r in enumerate(g)
+        ]
+        for g in groups
+    ]
+    groups[1] = [dataclasses.replace(r, reward=r.reward + 10.0) for r in groups[1]]
+    out = {}
+    for grouping in ("state", "batch"):
+        model = copy.deepcopy(door.model)
+        optimizer = door.optimizer.__class__(model.parameters(), lr=1e-4)
+        stats = train_step(
+            model, optimizer, groups, door.config, pad_id=0, temperature=1.0, grouping=grouping
+        )
+        out[grouping] = stats["train/adv_abs_mean"]
+    # per group: rewards (0, 1) and (10, 11) -> |advantage| 1/sqrt(2) each; over the batch: less
+    assert out["state"] == pytest.approx(0.7071, abs=1e-3), out
+    assert abs(out["batch"] - out["state"]) > 0.1, out  # the learner's choice does change them

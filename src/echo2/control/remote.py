@@ -90,7 +90,9 @@ class RemoteRollout:
                 group_size=config.rollout.group_size,
                 reward_range=reward_range(task),
             ),
-            referee=TaskReferee(task, tokenizer) if tokenizer is not None else None,
+            referee=TaskReferee(task, tokenizer, max_new_tokens=config.rollout.max_new_tokens)
+            if tokenizer is not None
+            else None,
             max_leases_per_worker=ccfg.max_leases_per_worker,
             max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
             groups_per_step=config.rollout.prompts_per_step,

@@ -92,6 +92,7 @@ def follow(config: Config) -> dict[str, Any]:
             temperature=config.rollout.temperature,
             ref_model=learner.ref_model,
             check=check,
+            grouping=getattr(config.task, "grouping", "state"),  # never a record's metadata
         )
 
     # what rank 0's make_snapshot gathers

@@ -187,6 +187,7 @@ def run(
                 ref_model=ref_model,
                 staleness=staleness,
                 check=check,
+                grouping=getattr(config.task, "grouping", "state"),  # never a record's metadata
             )
             if check.refused:
                 makers = source.flag(check.refused, "logprob_mismatch")

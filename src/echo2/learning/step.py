@@ -66,9 +66,12 @@ def train_step(
     ref_model=None,
     staleness: list[int] | None = None,
     check: StepCheck | None = None,
+    grouping: str = "state",
 ) -> dict[str, float]:
     """One optimizer update on `groups`. `staleness` (per record, in order) splits the
-    `offpolicy/*` ratio diagnostics by staleness; default all 0.
+    `offpolicy/*` ratio diagnostics by staleness; default all 0. `grouping`: the task's
+    (`task.grouping`, paper F.5.2), "batch" normalises advantages over the whole step; it comes from
+    the learner's config, never from a record's metadata, which a worker writes.
 
     Proximal log-probs (correction "decoupled") cost no extra forward pass: the step takes exactly
     one optimizer update, so the learner's weights at the start of the step are those of this
@@ -76,8 +79,7 @@ def train_step(
     """
     config = resolved_learner(config)  # a config built in code may still say "auto"/None
     rewards = torch.tensor([[r.reward for r in g] for g in groups])
-    by_batch = groups[0][0].metadata.get("grouping") == "batch"  # the task's grouping tag (F.5.2)
-    normalise = batch_advantages if by_batch else group_advantages
+    normalise = batch_advantages if grouping == "batch" else group_advantages
     advantages = normalise(rewards, scale_by_std=config.scale_adv_by_std, eps=config.adv_eps)
     records = [r for g in groups for r in g]
     adv_flat = advantages.flatten().tolist()

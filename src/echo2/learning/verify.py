@@ -40,9 +40,11 @@ PROMPTS_CACHED = 4096
 class TaskReferee:
     """Implements `control.validate.Referee` with the task and the learner's tokenizer."""
 
-    def __init__(self, task: Task, tokenizer) -> None:
+    def __init__(self, task: Task, tokenizer, *, max_new_tokens: int | None = None) -> None:
+        """`max_new_tokens`: an episode's per-reply limit (`rollout.max_new_tokens`; rollout/replay.py)."""
         self.task = task
         self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
         self.verifiable = bool(getattr(task, "verifiable", True))
         self._prompt = lru_cache(maxsize=PROMPTS_CACHED)(self._encode)
 
@@ -60,7 +62,9 @@ class TaskReferee:
         if getattr(self.task, "is_env", False):  # an episode: replayed against the env
             from echo2.rollout.replay import replay_problem
 
-            found = replay_problem(self.task, prompt, record, self.tokenizer)
+            found = replay_problem(
+                self.task, prompt, record, self.tokenizer, max_new_tokens=self.max_new_tokens
+            )
             return Problem(reason=found[0], detail=f"{where}: {found[1]}") if found else None
         if tuple(record.loss_mask) != tuple(self.task.loss_mask(record.response_ids)):
             return Problem(reason="bad_mask", detail=f"{where}: loss mask is not the task's")

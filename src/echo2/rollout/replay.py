@@ -9,6 +9,10 @@ the next user message, the reply prefix), and the return must be the sum of the 
 the observations, the masks, the reward or the outcome it reports. What the replay cannot tell is
 why an episode ended early: a record whose last reply leaves the hand running is taken as truncated
 by the turn or token limit (the env's default actions finish it).
+
+A reply is what one generation can give: no token after its EOS (the engine stops there, so later
+"sampled" tokens were chosen, not sampled) and at most `max_new_tokens` tokens (the per-turn limit
+the runner generates with), so a worker cannot hide a long or hand-written answer in one turn.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from echo2.rollout.episodes import ChatTokens
 TOLERANCE = 1e-6
 
 
-def replay_problem(task: EnvTask, prompt: Prompt, record: Trajectory, tokenizer) -> tuple[str, str] | None:
+def replay_problem(
+    task: EnvTask, prompt: Prompt, record: Trajectory, tokenizer, *, max_new_tokens: int | None = None
+) -> tuple[str, str] | None:
     """(reason, detail) of the first disagreement between `record` and a replay of its episode from
-    `prompt` (the leased initial state), or None."""
+    `prompt` (the leased initial state), or None. `max_new_tokens`: the per-reply limit
+    (`rollout.max_new_tokens`; None: no limit but the record's own length)."""
     env = task.make_env()
     env.reset(prompt.metadata["env_seed"])
     chat = ChatTokens(tokenizer).for_env(env)
@@ -43,6 +50,13 @@ def replay_problem(task: EnvTask, prompt: Prompt, record: Trajectory, tokenizer)
             return "bad_mask", f"no reply tokens at turn {turns + 1}"
         reply = ids[pos:end]
         turns += 1
+        if max_new_tokens is not None and len(reply) > max_new_tokens:
+            return (
+                "too_long",
+                f"reply {turns} has {len(reply)} tokens > rollout.max_new_tokens = {max_new_tokens}",
+            )
+        if eos is not None and eos in reply[:-1]:
+            return "bad_mask", f"reply {turns} has {len(reply) - 1 - reply.index(eos)} tokens after its EOS"
         result = env.step(chat.prefix_text + tokenizer.decode(reply, skip_special_tokens=True))
         rewards.append(result.reward)
         malformed += result.malformed
