@@ -189,7 +189,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                 bc = state.publisher.bcast
                 names = {w.worker_id: w.name for w in state.registry.workers.values()}
                 t0_pub = bc.published_at.get(version)
-                got = bc.installed_at.get(version, {})
+                got = bc.installs.installed_at.get(version, {})
                 plan = bc.plans.get(version)
                 return {
                     "t_bcast_q90_s": bc.t_bcast[0.9].get(version),

@@ -8,7 +8,7 @@
     version every `--publish-every` seconds (keeping 64): a worker sees each new version on its
     long poll and, after a simulated transfer of 0.5-5 s, heartbeats the new version from then on.
     So each publication brings 1,000 heartbeats that note a new version (the path that once ran
-    `BroadcastState.update_t_bcast` over all kept versions on every heartbeat) among the ones that
+    `Installs.update` over all kept versions on every heartbeat) among the ones that
     repeat a known version. Reported: the latency of each heartbeat as the client sees it (p50, p95,
     p99, max), errors, and how many live workers the coordinator marked lost.
 (b) **Ingestion with validation and re-scoring.** The coordinator as a learner serves it for the

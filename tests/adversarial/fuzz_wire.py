@@ -131,9 +131,9 @@ def fingerprint(door: Door) -> dict[str, Any]:
             plans=dict(b.plans),
             receiving={v: set(w) for v, w in b.receiving.items()},
             leaf_only={v: set(w) for v, w in b.leaf_only.items()},
-            noted=dict(b.noted),
-            installed_at={v: dict(w) for v, w in b.installed_at.items()},
-            t_bcast={q: dict(t) for q, t in b.t_bcast.items()},
+            noted=dict(b.installs.noted),
+            installed_at={v: dict(w) for v, w in b.installs.installed_at.items()},
+            t_bcast={q: dict(t) for q, t in b.installs.t_bcast.items()},
             failures=dict(b.failures),
             stats={
                 w: (p.successes, p.failures, p.consecutive_failures, tuple(p.rates))

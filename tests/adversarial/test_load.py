@@ -50,7 +50,7 @@ def test_a_repeated_heartbeat_costs_the_same_whatever_the_versions_kept(door: Do
         state.heartbeat(wid, version=63, throughput=1.0)
     assert len(state.publisher.bcast.snapshots) == 64 and state.publisher.t_bcast_all[63] == 0.0
     calls = {"t_bcast": 0, "peers": 0}
-    update, peers = state.publisher.bcast.update_t_bcast, state.registry.peers
+    update, peers = state.publisher.bcast.installs.update, state.registry.peers
 
     def counted(name, fn):
         def wrapper(*a, **kw):
@@ -59,7 +59,7 @@ def test_a_repeated_heartbeat_costs_the_same_whatever_the_versions_kept(door: Do
 
         return wrapper
 
-    monkeypatch.setattr(state.publisher.bcast, "update_t_bcast", counted("t_bcast", update))
+    monkeypatch.setattr(state.publisher.bcast.installs, "update", counted("t_bcast", update))
     monkeypatch.setattr(state.registry, "peers", counted("peers", peers))
     for wid in ids:
         state.heartbeat(wid, version=63, throughput=1.0)

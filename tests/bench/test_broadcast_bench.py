@@ -136,7 +136,7 @@ def test_bench_state_records_route_and_install_and_keeps_the_decisions():
         sha = hashlib.sha256(data).hexdigest()
         state.publisher.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
         assert state.publisher.streamed == {(w.worker_id, 0): 0.75}
-        assert w.worker_id in state.publisher.bcast.installed_at[0]
+        assert w.worker_id in state.publisher.bcast.installs.installed_at[0]
         with pytest.raises(Exception, match="future_version"):
             state.publisher.report_installed(w.worker_id, 5, sha, [])
     finally:

@@ -45,7 +45,7 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
         seen["source"] = source
         fleet.start(source)
         deadline = time.monotonic() + 180
-        while len(source.state.publisher.bcast.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
+        while len(source.state.publisher.bcast.installs.installed_at.get(0, {})) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
 
     summary = run_with_fleet(config, tmp_path / "run", fleet, on_ready)

@@ -398,7 +398,7 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
             await fleet.installed(0)
             assert peer.installed[0] == digest
             deadline = asyncio.get_running_loop().time() + 10.0  # the install report follows the install
-            while peer.worker_id not in state.publisher.bcast.installed_at.get(0, {}):
+            while peer.worker_id not in state.publisher.bcast.installs.installed_at.get(0, {}):
                 assert asyncio.get_running_loop().time() < deadline, "no install report"
                 await asyncio.sleep(0.02)
 
@@ -466,11 +466,11 @@ def test_broadcast_endpoints_refuse_bad_input():
         wrong = {"worker_id": wid, "version": 0, "sha256": "0" * 64}
         status, got = call(server, "POST", "/v1/broadcast/installed", wrong)
         assert (status, got["error"]) == (422, "wrong_snapshot")
-        assert wid not in state.publisher.bcast.installed_at.get(0, {}), "a refused report changes nothing"
+        assert wid not in state.publisher.bcast.installs.installed_at.get(0, {}), "a refused report changes nothing"
         transfers = [{"parent_id": None, "bytes": 1, "seconds": 0.1}]
         ok = {"worker_id": wid, "version": 0, "sha256": digest, "transfers": transfers}
         assert call(server, "POST", "/v1/broadcast/installed", ok)[0] == 200
-        assert wid in state.publisher.bcast.installed_at[0]
+        assert wid in state.publisher.bcast.installs.installed_at[0]
         assert call(server, "GET", "/v1/published?after=0&wait=0")[1] == b'{"version": 0}'
     finally:
         server.stop()
@@ -524,9 +524,9 @@ def test_broadcast_only_worker_process():
         (info,) = state.registry.workers.values()
         assert info.relay_url.startswith("http://127.0.0.1:")
         publish(state, 0)
-        while info.worker_id not in state.publisher.bcast.installed_at.get(0, {}) and time.monotonic() < deadline:
+        while info.worker_id not in state.publisher.bcast.installs.installed_at.get(0, {}) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert info.worker_id in state.publisher.bcast.installed_at[0] and 0 in state.publisher.t_bcast_all
+        assert info.worker_id in state.publisher.bcast.installs.installed_at[0] and 0 in state.publisher.t_bcast_all
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -132,18 +132,18 @@ def test_t_bcast_quantiles_count_live_workers_from_publication_or_registration()
     blob = publish(st, 0, live, now=100.0)
     for i, w in enumerate("abcdefghi"):
         st.installed(w, 0, blob.sha256, [], live, now=101.0 + i)
-    assert st.t_bcast[0.9] == {0: 9.0} and st.t_bcast[1.0] == {}
+    assert st.installs.t_bcast[0.9] == {0: 9.0} and st.installs.t_bcast[1.0] == {}
     del live["j"]  # lost before installing: every live worker now runs version 0
-    st.update_t_bcast(live)
-    assert st.t_bcast[1.0] == {0: 9.0}
+    st.installs.update(live)
+    assert st.installs.t_bcast[1.0] == {0: 9.0}
     # a worker that registered after the publication counts from its registration
     live = peers("a") | peers("late", at=200.0)
     st = state()
     blob = publish(st, 5, live, now=100.0)
     st.installed("a", 5, blob.sha256, [], live, now=101.0)
     st.note_version("late", 5, now=203.0)  # from a heartbeat
-    st.update_t_bcast(live)
-    assert st.t_bcast[1.0] == {5: 3.0}
+    st.installs.update(live)
+    assert st.installs.t_bcast[1.0] == {5: 3.0}
 
 
 def test_a_newer_install_counts_for_older_versions():
@@ -152,7 +152,7 @@ def test_a_newer_install_counts_for_older_versions():
     publish(st, 0, live, now=0.0)
     blob = publish(st, 1, live, now=1.0)
     st.installed("a", 1, blob.sha256, [], live, now=2.0)
-    assert st.t_bcast[1.0] == {0: 2.0, 1: 1.0}
+    assert st.installs.t_bcast[1.0] == {0: 2.0, 1: 1.0}
 
 
 def test_wrong_snapshot_is_refused():
@@ -161,7 +161,7 @@ def test_wrong_snapshot_is_refused():
     publish(st, 0, live)
     with pytest.raises(WrongSnapshot):
         st.installed("a", 0, "0" * 64, [], live, now=1.0)
-    assert st.installed_at == {}
+    assert st.installs.installed_at == {}
 
 
 def test_old_versions_are_kept_while_a_live_worker_receives_them():

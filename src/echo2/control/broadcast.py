@@ -30,10 +30,8 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 - **Transfers.** A transfer counts for its parent's score (and for Bw_hat) only once the
   coordinator's route, the receiver's install report and the sender's own account agree
   (control/transfers.py); a worker cannot credit itself or a parent it was not given.
-- **Installed.** A receiver reports the exact moment it runs a version: T_bcast(q) of a version is
-  the time until a fraction q of the live workers run it (or something newer); each worker counts
-  from the publication, or from its registration if it joined later. Heartbeats also count (a
-  version reported there is installed), as an upper bound for workers that do not report.
+- **Installed.** A receiver reports the exact moment it runs a version; who runs what since when,
+  and T_bcast, are kept by `Installs` (control/installs.py).
 - **Eviction.** The newest `keep` (S + 1) versions are kept; an older one only as long as a live
   worker is still receiving it.
 """
@@ -58,12 +56,8 @@ from echo2.broadcast.plan import (
     relay_floor,
 )
 from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.control.installs import Installs
 from echo2.control.transfers import Credit, TransferLedger
-
-QUANTILES = (0.9, 1.0)
-"""T_bcast is reported at q = 0.9 (about 1 / gamma of the workers, the paper's measure) and q = 1."""
-HISTORY = 64
-"""Versions whose install times are kept (T_bcast values themselves are kept for every version)."""
 
 
 class NotKept(KeyError):
@@ -127,12 +121,8 @@ class BroadcastState:
         """Per version, parents excised for it: they may not get a child again for that version."""
         self.receiving: dict[int, set[str]] = {}
         """Per version, workers that asked for a route and do not run it (or newer) yet."""
-        self.published_at: dict[int, float] = {}
-        self.installed_at: dict[int, dict[str, float]] = {}
-        self.noted: dict[str, int] = {}
-        """Per worker, the newest version it was noted running (a heartbeat repeating it is O(1))."""
-        self.t_bcast: dict[float, dict[int, float]] = {q: {} for q in QUANTILES}
-        """q -> version -> seconds until a fraction q of the live workers ran the version."""
+        self.installs = Installs()
+        """Who runs which version since when, and T_bcast (control/installs.py)."""
         self.stats: dict[str, PeerStats] = {}
         self.rates: deque[float] = deque(maxlen=20)
         self.relay_rates: deque[float] = deque(maxlen=20)
@@ -195,7 +185,7 @@ class BroadcastState:
     def publish(self, blob: SnapshotBlob, peers: dict[str, Peer], now: float, *, keep: int) -> None:
         v = blob.version
         self.snapshots[v] = blob
-        self.published_at[v] = now
+        self.installs.published(v, now)
         self.plans[v] = self.make_plan(peers, now)
         for w in peers:  # a demoted relay has sat out this plan as a tail
             if w in self.stats:
@@ -203,9 +193,6 @@ class BroadcastState:
         self.leaf_only[v] = set()
         self.receiving[v] = set()
         self.slow_reported[v] = set()
-        for old in sorted(self.published_at)[:-HISTORY]:
-            del self.published_at[old]
-            self.installed_at.pop(old, None)
         self.evict(keep, peers)
 
     def evict(self, keep: int, peers: dict[str, Peer]) -> None:
@@ -237,7 +224,7 @@ class BroadcastState:
                 break
             plan = plan.excise(parent)  # lost since the plan was made
         self.plans[version] = plan
-        if self.noted.get(worker_id, -1) < version:
+        if not self.installs.runs(worker_id, version):
             self.receiving[version].add(worker_id)
         if now is not None:
             self.ledger.route(version, parent, worker_id, now)
@@ -304,9 +291,7 @@ class BroadcastState:
         """A worker was lost: excise it from every plan (its receivers will be routed around it)."""
         for v, plan in self.plans.items():
             self.plans[v] = plan.excise(worker_id)
-        self.noted.pop(worker_id, None)
-        for got in self.installed_at.values():  # T_bcast counts live workers only
-            got.pop(worker_id, None)
+        self.installs.forget(worker_id)
 
     # ------------------------------------------------------------------ installs and T_bcast
     def installed(
@@ -327,7 +312,7 @@ class BroadcastState:
             key = (version, parent_id, worker_id)
             self._credit(self.ledger.received(key, nbytes, seconds, size=len(blob.data), now=now), now)
         self.note_version(worker_id, version, now)
-        self.update_t_bcast(peers)
+        self.installs.update(peers)
 
     def sent(
         self, parent_id: str | None, version: int, receiver_id: str, nbytes: int, seconds: float, now: float
@@ -349,42 +334,20 @@ class BroadcastState:
                 self.relay_rates.append(credit.bytes / credit.seconds)
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
-        """The worker runs `version`: it counts as having every published version up to it. False
-        (and O(1)) when that was already known, as on every heartbeat between installs."""
-        if self.noted.get(worker_id, -1) >= version:
+        """The worker runs `version` (and so no longer receives any version up to it). False (and
+        O(1)) when that was already known, as on every heartbeat between installs."""
+        counted = self.installs.note(worker_id, version, now)
+        if counted is None:
             return False
-        self.noted[worker_id] = version
-        for v in self.published_at:
-            if v <= version:
-                self.installed_at.setdefault(v, {}).setdefault(worker_id, now)
-                if v in self.receiving:
-                    self.receiving[v].discard(worker_id)
+        for v in counted:
+            if v in self.receiving:
+                self.receiving[v].discard(worker_id)
         return True
-
-    def update_t_bcast(self, peers: dict[str, Peer]) -> None:
-        """Record T_bcast(q) for versions where a fraction q of the live workers now run them. A
-        version's T_bcast(q) is recorded once; until then, the installs counted (an upper bound of
-        the live ones) decide in O(1) whether the exact count is worth making."""
-        if not peers:
-            return
-        for v, t0 in self.published_at.items():
-            pending = [q for q in QUANTILES if v not in self.t_bcast[q]]
-            if not pending:
-                continue
-            got = self.installed_at.get(v, {})
-            if len(got) < math.ceil(min(pending) * len(peers) - 1e-9):
-                continue
-            delays = sorted(at - max(t0, peers[w].registered_at) for w, at in got.items() if w in peers)
-            for q in pending:
-                need = math.ceil(q * len(peers) - 1e-9)
-                if len(delays) >= need:
-                    self.t_bcast[q][v] = delays[need - 1]
 
     # ------------------------------------------------------------------ reporting
     def status(self, names: dict[str, str], now: float) -> dict:
         newest = max(self.plans, default=None)
         plan = self.plans.get(newest) if newest is not None else None
-        recent = sorted(self.published_at)[-10:]
         return {
             "mode": self.policy.mode,
             "chunk_size": self.policy.chunk_size,
@@ -395,10 +358,7 @@ class BroadcastState:
             "kept_versions": sorted(self.snapshots),
             "plan_version": newest,
             "chains": [[names.get(w, w) for w in chain] for chain in plan.chains] if plan else [],
-            "t_bcast_by_version": {
-                str(v): {f"q{q:g}": self.t_bcast[q].get(v) for q in QUANTILES} for v in recent
-            },
-            "installed_by_version": {str(v): len(self.installed_at.get(v, {})) for v in recent},
+            **self.installs.status(),
             "parent_failures": dict(self.failures),
             "transfer_accounts": dict(self.ledger.outcomes),
             "learner_bytes_sent": self.bytes_served,

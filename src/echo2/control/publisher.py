@@ -58,12 +58,12 @@ class Publisher:
     @property
     def t_bcast(self) -> dict[int, float]:
         """Seconds from publication until 90% of the live workers ran each version."""
-        return self.bcast.t_bcast[0.9]
+        return self.bcast.installs.t_bcast[0.9]
 
     @property
     def t_bcast_all(self) -> dict[int, float]:
         """Seconds from publication until every live worker ran each version."""
-        return self.bcast.t_bcast[1.0]
+        return self.bcast.installs.t_bcast[1.0]
 
     # ------------------------------------------------------------------ learner side
     def publish(self, version: int, data: bytes, *, keep: int) -> SnapshotBlob:
@@ -162,7 +162,7 @@ class Publisher:
     def note_version(self, worker_id: str, version: int, now: float) -> None:
         """A heartbeat says the worker runs `version` (an upper bound of its install time)."""
         if version >= 0 and self.bcast.note_version(worker_id, version, now):  # O(1) otherwise
-            self.bcast.update_t_bcast(self.registry.peers())
+            self.bcast.installs.update(self.registry.peers())
 
     def lost(self, workers: list[str]) -> None:
         """An expiry round: `workers` were lost; the live set changed, so a quantile of T_bcast may
@@ -170,7 +170,7 @@ class Publisher:
         for worker_id in workers:
             self.bcast.forget(worker_id)
         peers = self.registry.peers()
-        self.bcast.update_t_bcast(peers)
+        self.bcast.installs.update(peers)
         self.bcast.evict(self.keep, peers)
 
     def status(self) -> dict:
