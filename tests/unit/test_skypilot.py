@@ -189,6 +189,22 @@ def test_a_failed_launch_marks_the_type_unavailable_for_a_while_and_tears_down_w
     assert [o.name for o in fleet.offers()] == ["vast-4090-spot-0", "runpod-4090-od-0"]
 
 
+def test_a_launch_the_api_server_refuses_is_a_failed_launch():
+    class Refusing(FakeSky):
+        def launch(self, task, *, cluster_name, idle_minutes):
+            super().launch(task, cluster_name=cluster_name, idle_minutes=idle_minutes)
+            raise ConnectionError("API server down")
+
+    sky, clock = Refusing(), Clock()
+    fleet = started(sky_config(), sky, clock)
+    fleet.start_slot("vast-4090-spot-0")
+    settle(fleet, clock)
+    assert fleet.failures == {"vast-4090-spot": 1} and fleet.running() == []
+    assert [o.name for o in fleet.offers()] == ["runpod-4090-od-0"]
+    fleet.stop(grace=5)
+    assert sky.events[-1] == ("down", "echo2-vast-4090-spot-0")  # in case it was submitted after all
+
+
 def test_a_lost_worker_marks_its_type_unavailable_and_its_cluster_is_torn_down():
     sky, clock = FakeSky(), Clock()
     fleet = started(sky_config(), sky, clock)

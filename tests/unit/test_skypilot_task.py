@@ -6,6 +6,7 @@ tests/fixtures/skypilot_catalog (SKY_RUNTIME_DIR, set before sky is imported). S
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ if "sky" not in sys.modules:  # SkyPilot fixes its catalog directory when it is 
     _home = Path(tempfile.mkdtemp(prefix="echo2-sky-"))
     shutil.copytree(CATALOG, _home / ".sky" / "catalogs" / "v8", copy_function=shutil.copy)
     os.environ["SKY_RUNTIME_DIR"] = str(_home)
+    atexit.register(shutil.rmtree, _home, True)
 
 sky = pytest.importorskip("sky")
 

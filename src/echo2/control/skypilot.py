@@ -388,7 +388,11 @@ class SkyPilotFleet:
                 return
             slots = list(self.slots.values())
         for slot in slots:
-            if slot.phase is Phase.QUEUED:
+            with self._lock:  # claim it: a stop_slot from now on finds it launching
+                claimed = slot.phase is Phase.QUEUED
+                if claimed:
+                    slot.phase, slot.request, slot.launched = Phase.LAUNCHING, None, True
+            if claimed:
                 task = self.build(
                     slot.worker,
                     self.config,
@@ -396,11 +400,17 @@ class SkyPilotFleet:
                     token=self.token,
                     learner_key=self.learner_key,
                 )
-                rid = client.launch(
-                    task, cluster_name=slot.cluster, idle_minutes=self.config.autostop_minutes
-                )
+                try:
+                    rid = client.launch(
+                        task, cluster_name=slot.cluster, idle_minutes=self.config.autostop_minutes
+                    )
+                except Exception as e:  # the API server refused or is down: as a failed launch
+                    with self._lock:
+                        self._mark_unavailable(slot, f"launch not submitted: {type(e).__name__}: {e}")
+                        slot.phase = Phase.IDLE  # `launched` stays: stop() still tries a teardown
+                    continue
                 with self._lock:
-                    slot.phase, slot.request, slot.launched = Phase.LAUNCHING, rid, True
+                    slot.request = rid
                 logger.info("skypilot provider: launching %s on %s", slot.cluster, slot.worker.accelerator)
             elif slot.phase is Phase.LAUNCHING:
                 outcome = client.poll(slot.request)
