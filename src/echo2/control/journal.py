@@ -1,8 +1,11 @@
 """The accepted-records journal: RUN_DIR/accepted.jsonl, so a learner crash loses no accepted record.
 
-Owns the file and its line format; knows nothing of HTTP or training. One JSON object a line,
-appended and flushed before the batch is acknowledged (a killed process loses nothing flushed;
-`sync` fsyncs, at every checkpoint):
+Owns the file, its line format and its key; knows nothing of HTTP or training. One JSON object a
+line, appended and flushed before the batch is acknowledged (a killed process loses nothing flushed;
+`sync` fsyncs, at every checkpoint). Every line carries `seq`, one more than the line before it
+(across restarts), and ends with `mac`: HMAC-SHA256, keyed by the run's secret RUN_DIR/journal.key
+(32 random bytes, mode 0600, made with the journal), of the line's bytes before it. A line the
+learner did not write, or wrote and someone changed, fails its MAC:
 
 - `{"start": EPOCH, "t": ...}`: a learner (re)started; EPOCH is its coordinator's epoch id.
 - `{"accepted": [record, ...], "prompts": {group_id: prompt index}, "t": ...}`: one accepted batch.
@@ -15,13 +18,23 @@ A checkpoint stores the journal's byte offset together with the buffer, under th
 lock: every record accepted before the offset is trained or in the checkpointed buffer, every one
 after it is neither, so `accepted_since(offset)` is exactly what a resumed learner must put back. A
 torn last line (the process killed mid-write) is cut off when the journal is opened again.
+
+On resume nothing in the file is trusted: a line that does not parse or fails its MAC is skipped
+with a warning naming its line number and why, a jump in `seq` is reported as lines missing, a
+journal shorter than the checkpoint's offset (or gone) as truncated, and the records of every line
+kept go through the door's checks again (control/validate.py, the lease's limits and the task's
+referee) in `replay`; a batch that fails them is skipped whole and its prompts are generated again.
+What no check here can see: lines cut from the end of the journal after the last checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from echo2.control.validate import Problem, Referee, metadata_problem, printable, record_problem
 from echo2.records import Trajectory
 
 if TYPE_CHECKING:
@@ -39,12 +53,59 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "accepted.jsonl"
+KEY_NAME = "journal.key"
+"""The run's journal secret, next to the journal (mode 0600); workers never see the run directory."""
+_MAC_HEAD = b',"mac":"'
+_MAC_TAIL = len(_MAC_HEAD) + 64 + 2
+"""Bytes of `,"mac":"<64 hex digits>"}` at the end of every line."""
+
+
+def journal_key(path: Path, *, create: bool) -> bytes | None:
+    """The journal secret in `path` (RUN_DIR/journal.key): made (32 random bytes, 0600) if `create`
+    and there is none; None if there is none and not `create`."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        if not create:
+            return None
+    key = secrets.token_bytes(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
+def _sign(key: bytes, body: bytes) -> bytes:
+    """`body` (one encoded JSON object) with its MAC as the last field, and a newline."""
+    mac = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
+    return body[:-1] + _MAC_HEAD + mac + b'"}\n'
+
+
+def _verified(key: bytes | None, line: bytes) -> dict | str:
+    """The entry of `line` (without its newline) if its MAC is right and it parses; else why not."""
+    if len(line) < _MAC_TAIL or line[-_MAC_TAIL : -_MAC_TAIL + len(_MAC_HEAD)] != _MAC_HEAD:
+        return "no MAC"
+    if key is None:
+        return f"no key ({KEY_NAME} is missing) to check its MAC"
+    body = line[:-_MAC_TAIL] + b"}"
+    mac = line[-_MAC_TAIL + len(_MAC_HEAD) : -2]
+    if not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).hexdigest().encode(), mac):
+        return "bad MAC: the learner did not write this line"
+    try:
+        entry = json.loads(body)
+    except ValueError as e:
+        return f"does not parse ({e})"
+    if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
+        return "no sequence number"
+    return entry
 
 
 class Journal:
     def __init__(self, path: Path, *, epoch: str) -> None:
         self.path = path
+        self._key = journal_key(path.with_name(KEY_NAME), create=True)
         _cut_torn_tail(path)
+        self._seq = _next_seq(path, self._key)
         self._file = path.open("ab")
         self._end = 0
         self._lock = threading.Lock()
@@ -78,10 +139,12 @@ class Journal:
                 self._file.close()
 
     def _write(self, line: dict) -> None:
-        data = _encode(line) + b"\n"  # msgspec: about 10x json's speed on records' numbers
         with self._lock:
+            line["seq"] = self._seq
+            data = _sign(self._key, _encode(line))  # msgspec: about 10x json's speed on records' numbers
             self._file.write(data)
             self._file.flush()
+            self._seq += 1
 
 
 _encode = msgspec.json.Encoder().encode
@@ -102,18 +165,117 @@ def _fields(r: Trajectory) -> dict:
     }
 
 
-def accepted_since(path: Path, offset: int) -> Iterator[tuple[list[Trajectory], dict[str, int]]]:
-    """The batches accepted after byte `offset`, in order: (records, prompt index of each group)."""
+def accepted_since(
+    path: Path, offset: int, *, key: bytes | None = None
+) -> Iterator[tuple[list[Trajectory], dict[str, int]]]:
+    """The batches accepted after byte `offset`, in order: (records, prompt index of each group),
+    from lines whose MAC (with `key`, default: the run's journal.key next to `path`) is right. Lines
+    skipped, sequence gaps and truncation are logged as warnings that name them."""
     if not path.is_file():
+        if offset > 0:
+            logger.warning("%s is gone: records accepted after the checkpoint are lost", path)
         return
+    if key is None:
+        key = journal_key(path.with_name(KEY_NAME), create=False)
     with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < offset:
+            logger.warning(
+                "%s is truncated: %d bytes, the checkpoint was taken at byte %d; records accepted "
+                "after it are lost",
+                path,
+                size,
+                offset,
+            )
+            return
+        number, expected = _position(f, offset, key)
         f.seek(offset)
         for line in f:
+            number += 1
             if not line.endswith(b"\n"):
                 break  # torn tail
-            entry = json.loads(line)
+            entry = _verified(key, line[:-1])
+            if isinstance(entry, str):
+                logger.warning("%s line %d skipped: %s", path, number, entry)
+                expected = None if expected is None else expected + 1
+                continue
+            seq = entry["seq"]
+            if expected is not None and seq != expected:
+                if seq < expected:
+                    logger.warning("%s line %d skipped: seq %d repeats an earlier line", path, number, seq)
+                    continue
+                logger.warning(
+                    "%s line %d: %d lines missing before it (seq %d, expected %d)",
+                    path,
+                    number,
+                    seq - expected,
+                    seq,
+                    expected,
+                )
+            expected = seq + 1
             if "accepted" in entry:
-                yield [Trajectory.from_dict(d) for d in entry["accepted"]], dict(entry["prompts"])
+                try:
+                    batch = (
+                        [Trajectory.from_dict(d) for d in entry["accepted"]],
+                        {str(g): int(i) for g, i in entry["prompts"].items()},
+                    )
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    logger.warning("%s line %d skipped: not a batch (%s)", path, number, printable(e))
+                    continue
+                yield batch
+
+
+def _position(f, offset: int, key: bytes | None) -> tuple[int, int | None]:
+    """(lines before byte `offset`, the seq the line at `offset` must have: None if unknown)."""
+    f.seek(0)
+    number, at = 0, 0
+    while at < offset:
+        block = f.read(min(1 << 20, offset - at))
+        number += block.count(b"\n")
+        at += len(block)
+    if offset == 0:
+        return number, 0
+    previous = _line_ending_at(f, offset)
+    entry = _verified(key, previous) if previous is not None else "none"
+    return number, entry["seq"] + 1 if isinstance(entry, dict) else None
+
+
+def _line_ending_at(f, end: int) -> bytes | None:
+    """The line whose newline is the byte before `end` (without it), or None."""
+    f.seek(end - 1)
+    if f.read(1) != b"\n":
+        return None
+    parts: list[bytes] = []
+    at = end - 1
+    while at > 0:
+        step = min(65536, at)
+        f.seek(at - step)
+        block = f.read(step)
+        nl = block.rfind(b"\n")
+        if nl >= 0:
+            parts.append(block[nl + 1 :])
+            break
+        parts.append(block)
+        at -= step
+    return b"".join(reversed(parts))
+
+
+def _next_seq(path: Path, key: bytes) -> int:
+    """The seq of the next line: one more than the last line's (its MAC checked), 0 for a new
+    journal. A last line that fails its check is scanned past, back to the last good one."""
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:
+            line = _line_ending_at(f, end)
+            if line is None:
+                break
+            entry = _verified(key, line)
+            if isinstance(entry, dict):
+                return entry["seq"] + 1
+            end -= len(line) + 1
+    return 0
 
 
 def _cut_torn_tail(path: Path) -> None:
@@ -141,18 +303,36 @@ def _cut_torn_tail(path: Path) -> None:
         f.truncate(at)
 
 
-def replay(ingestion: Leases, batches: Iterator[tuple[list[Trajectory], dict[str, int]]]) -> list[Trajectory]:
+def replay(
+    ingestion: Leases,
+    batches: Iterator[tuple[list[Trajectory], dict[str, int]]],
+    *,
+    referee: Referee | None = None,
+) -> list[Trajectory]:
     """Put the batches accepted after a checkpoint back, once its buffer and prompt queue are
-    loaded. Records already seen are skipped (none is trained twice); the others go to the buffer,
-    or are returned to be held while they are newer than the resumed learner (`admit_held` puts
-    them in as it advances). Their prompts are done: out of the reissue queue, and the prompt
-    cursor moves past them (a prompt handed out after the checkpoint but never answered is queued
-    again)."""
+    loaded. Each batch goes through the door again (`door_problem`: the record rules, the lease's
+    limits, and `referee`'s check of the prompt and reward): one that fails is skipped whole, with a
+    warning, and its prompts are generated again. Records already seen are skipped (none is trained
+    twice); the others go to the buffer, or are returned to be held while they are newer than the
+    resumed learner (`admit_held` puts them in as it advances). Their prompts are done: out of the
+    reissue queue, and the prompt cursor moves past them (a prompt handed out after the checkpoint
+    but never answered is queued again)."""
     buffer = ingestion.buffer
     held: list[Trajectory] = []
     held_ids: set[str] = set()
     prompts: dict[str, int] = {}
+    refused = 0
     for records, batch_prompts in batches:
+        problem = door_problem(ingestion, records, batch_prompts, referee)
+        if problem is not None:
+            refused += 1
+            logger.warning(
+                "journal batch of %d records skipped on replay: %s %s",
+                len(records),
+                problem.reason,
+                problem.detail,
+            )
+            continue
         prompts.update(batch_prompts)
         for r in records:
             if buffer.seen(r.record_id) or r.record_id in held_ids:
@@ -172,9 +352,46 @@ def replay(ingestion: Leases, batches: Iterator[tuple[list[Trajectory], dict[str
     ingestion.reissue.clear()
     ingestion.reissue.extend(kept)
     logger.info(
-        "replayed the journal: %d groups back, %d records held until their version", len(prompts), len(held)
+        "replayed the journal: %d groups back, %d records held until their version, %d batches refused",
+        len(prompts),
+        len(held),
+        refused,
     )
     return held
+
+
+def door_problem(
+    ingestion: Leases, records: list[Trajectory], prompts: dict[str, int], referee: Referee | None
+) -> Problem | None:
+    """What the coordinator's door would refuse in a journalled batch (control/validate.py, the
+    lease's length and vocabulary limits, the referee), or None."""
+    lim = ingestion.limits
+    ids: set[str] = set()
+    for r in records:
+        where = f"record {printable(r.record_id, 64)}"
+        if r.record_id in ids:
+            return Problem(reason="duplicate_id", detail=f"{where} twice")
+        ids.add(r.record_id)
+        if (problem := record_problem(r, reward_range=lim.reward_range)) is not None:
+            return problem
+        if (bad := metadata_problem(r.metadata)) is not None:
+            return Problem(reason="malformed", detail=f"{where}: {bad}")
+        if r.group_id not in prompts:
+            return Problem(reason="wrong_group", detail=f"{where}: its group has no prompt index")
+        if (
+            not r.response_ids
+            or len(r.prompt_ids) > lim.max_prompt_tokens
+            or len(r.response_ids) > lim.max_new_tokens
+        ):
+            return Problem(
+                reason="too_long", detail=f"{where}: {len(r.prompt_ids)} / {len(r.response_ids)} tokens"
+            )
+        tokens = r.prompt_ids + r.response_ids
+        if min(tokens) < 0 or max(tokens) >= lim.vocab_size:
+            return Problem(reason="out_of_vocab", detail=f"{where}: token id outside [0, {lim.vocab_size})")
+        if referee is not None and (problem := referee.check(r, prompts[r.group_id])) is not None:
+            return problem
+    return None
 
 
 def admit_held(buffer: ReplayBuffer, held: list[Trajectory]) -> list[Trajectory]:

@@ -267,7 +267,9 @@ class RemoteRollout:
             self.held = [Trajectory.from_dict(d) for d in state.get("held", [])]
             if self.journal is not None and "journal_offset" in state:
                 since = journal.accepted_since(self.journal.path, state["journal_offset"])
-                self.held += journal.replay(self.state.intake.ingestion, since)
+                self.held += journal.replay(
+                    self.state.intake.ingestion, since, referee=self.state.intake.referee
+                )
 
     def close(self) -> None:
         for hook in self.before_close:
