@@ -443,6 +443,14 @@ def test_the_skypilot_provider_needs_its_section_and_the_scheduler():
     )
 
 
+def test_without_the_extra_the_skypilot_provider_is_a_config_error(monkeypatch):
+    from echo2.control.skypilot import make_fleet
+
+    monkeypatch.setitem(sys.modules, "sky", None)  # as if SkyPilot were not installed
+    with pytest.raises(ConfigError, match=r"echo2\[skypilot\]"):
+        make_fleet(SimpleNamespace(scheduler=SimpleNamespace(skypilot=sky_config())), initial=1)
+
+
 # ---------------------------------------------------------------------------- catalog and plan
 def test_candidates_take_the_cheapest_region_per_cloud_accelerator_and_market():
     cands = candidates(read_catalog(CATALOG), Throughputs(throughput={"RTX4090": 0.8}, max_workers=3))
