@@ -61,7 +61,8 @@ def test_a_repeated_heartbeat_costs_the_same_whatever_the_versions_kept(door: Do
 
     monkeypatch.setattr(state.publisher.bcast.installs, "update", counted("t_bcast", update))
     monkeypatch.setattr(state.registry, "peers", counted("peers", peers))
-    for wid in ids:
-        state.heartbeat(wid, version=63, throughput=1.0)
+    with state.shared.lock:  # the coordinator's expiry round (which recounts) waits meanwhile
+        for wid in ids:
+            state.heartbeat(wid, version=63, throughput=1.0)
     assert calls == {"t_bcast": 0, "peers": 0}
     door.learner_trains()
