@@ -301,6 +301,23 @@ def test_a_launch_still_in_flight_at_exit_is_cancelled_and_torn_down():
     assert [e[0] for e in sky.events] == ["launch", "cancel", "down"]
 
 
+def test_one_teardown_that_fails_does_not_stop_the_others_and_is_named_for_the_user(caplog):
+    class Flaky(FakeSky):
+        def down(self, cluster_name):
+            if cluster_name == "echo2-vast-4090-spot-0":
+                self._record("down-refused", cluster_name)
+                raise ConnectionError("API server down")
+            return super().down(cluster_name)
+
+    sky, clock = Flaky(delay=0), Clock()
+    fleet = started(sky_config(), sky, clock, initial=2)
+    fleet.tick()
+    fleet.tick()
+    fleet.stop(grace=5)
+    assert ("down", "echo2-runpod-4090-od-0") in sky.events
+    assert "sky down echo2-vast-4090-spot-0" in caplog.text
+
+
 _SIGTERM_CHILD = """
 import signal, sys, time
 from pathlib import Path

@@ -302,10 +302,10 @@ class SkyPilotFleet:
                     downs[slot.offer.name] = slot.request
                 if slot.phase is Phase.QUEUED:
                     slot.phase = Phase.IDLE
-        deadline = self.clock() + grace
-        while downs and self.clock() < deadline:
+        deadline = time.monotonic() + grace  # wall time, whatever clock bills
+        while downs and time.monotonic() < deadline:
             for name, rid in list(downs.items()):
-                outcome = self.client.poll(rid)
+                outcome = self._try(lambda r=rid: self.client.poll(r), "poll teardown of", self.slots[name])
                 if outcome is not None:
                     del downs[name]
                     with self._lock:
@@ -314,8 +314,8 @@ class SkyPilotFleet:
                 time.sleep(min(1.0, self.config.poll_s))
         with self._lock:
             self.cost.observe(self.clock(), self._billing())
-        if downs and first:
-            left = " ".join(self.slots[n].cluster for n in downs)
+            left = " ".join(s.cluster for s in self.slots.values() if s.launched)
+        if left and first:
             logger.error(
                 "skypilot provider: teardown unconfirmed; run `sky down %s` (autodown follows)", left
             )
