@@ -382,7 +382,7 @@ class RecordingSky:
         return "rid-status"
 
     def api_status(self, request_ids):
-        return [SimpleNamespace(status=self._status)]
+        return [SimpleNamespace(status=self._status)] if self._status else []
 
     def get(self, rid):
         self.calls.append(("get", rid))
@@ -416,6 +416,7 @@ def test_the_sdk_adapter_reads_finished_requests():
     assert err.poll("r") == Outcome(ok=False, error="RuntimeError: no capacity")
     records = [SimpleNamespace(name="echo2-a-0", status=SimpleNamespace(value="UP"))]
     assert _sdk(RecordingSky(status="SUCCEEDED", result=records)).poll("r").value == {"echo2-a-0": "UP"}
+    assert not _sdk(RecordingSky(status=None)).poll("r").ok  # a request the server forgot
 
 
 # ---------------------------------------------------------------------------- cost

@@ -139,8 +139,10 @@ class SkySDK:
         return self.sky.status(cluster_names=cluster_names, refresh=self.sky.StatusRefreshMode.AUTO)
 
     def poll(self, request_id: str) -> Outcome | None:
-        [payload] = self.sky.api_status(request_ids=[request_id])
-        if payload.status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        found = self.sky.api_status(request_ids=[request_id])
+        if not found:  # purged, or the API server restarted without it
+            return Outcome(ok=False, error=f"request {request_id} unknown to the SkyPilot API server")
+        if found[0].status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
             return None
         try:
             value = self.sky.get(request_id)  # finished: returns (or raises) at once
