@@ -12,7 +12,7 @@ these is smallest, by measurement:
   sign and exponent, so the high planes are zeros and compress to almost nothing;
 - `sparse`: the positions of the elements that changed (gaps between them, uint32) and their XOR
   values, both split into planes, in one zstd frame. Small at low learning rates in bf16, where
-  most elements do not change at all;
+  most elements do not change at all; tried only when at most `SPARSE_MAX` of them changed;
 - `raw`: the new bytes, split into planes and compressed (a tensor, or the safetensors header,
   with no counterpart in the base).
 
@@ -46,8 +46,11 @@ MAGIC = b"echo2\x00d1"
 """First 8 bytes of a delta (a full snapshot starts with its safetensors header length instead)."""
 MAX_HEADER = 100_000_000
 """Largest delta header accepted, as safetensors limits its own."""
-LEVEL = 3
-"""zstd level (docs/benchmarks.md, "Delta snapshots": levels 1 and 3 compress these alike)."""
+LEVEL = 1
+"""zstd level. Measured on SmolLM2-135M deltas (docs/benchmarks.md, "Delta snapshots"): level 1
+compresses them as small as 3, or smaller, in a third of the time."""
+SPARSE_MAX = 0.5
+"""Largest fraction of a tensor's elements changed for which the sparse form is tried."""
 WIDTHS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 """Bytes per element of the safetensors dtypes a snapshot can hold (rollout/safetensors_view.py)."""
 
@@ -215,21 +218,23 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview) -> bytearray:
     out_u8 = np.frombuffer(out, np.uint8)
     for s in header.segments:
         length, dest = s.end - s.start, out_u8[s.start : s.end]
-        if s.method != "raw":
-            src = (
-                base_u8[s.base_start : s.base_start + length]
-                if base_u8 is not None
-                else np.frombuffer(base.read(s.base_start, s.base_start + length), np.uint8)
-            )
-            dest[:] = src
+        if s.method == "raw":
+            blob = payloads[s.payload[0] : s.payload[1]]
+            _unplanes(_decompress(decompressor, blob, length, s.name), s.width, out=dest)
+            continue
+        src = (
+            base_u8[s.base_start : s.base_start + length]
+            if base_u8 is not None
+            else np.frombuffer(base.read(s.base_start, s.base_start + length), np.uint8)
+        )
         if s.method == "same":
+            dest[:] = src
             continue
         blob = payloads[s.payload[0] : s.payload[1]]
-        if s.method == "raw":
-            dest[:] = _unplanes(_decompress(decompressor, blob, length, s.name), s.width)
-        elif s.method == "xor":
-            dest ^= _unplanes(_decompress(decompressor, blob, length, s.name), s.width)
+        if s.method == "xor":
+            np.bitwise_xor(src, _unplanes(_decompress(decompressor, blob, length, s.name), s.width), out=dest)
         else:
+            dest[:] = src
             raw = _decompress(decompressor, blob, s.count * (4 + s.width), s.name)
             gaps = _unplanes(raw[: 4 * s.count], 4).view("<u4").astype(np.int64)
             positions = np.cumsum(gaps + 1) - 1
@@ -247,36 +252,51 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview) -> bytearray:
 
 
 def _smallest(new: np.ndarray, base: np.ndarray, width: int, compressor) -> tuple[Method, int, bytes]:
-    """`same`, or whichever of `xor` and `sparse` compresses smaller: (method, changes, payload)."""
+    """`same`, or whichever of `xor` and `sparse` compresses smaller: (method, changes, payload).
+    The sparse form is tried only up to `SPARSE_MAX` of the elements changed: beyond, its
+    positions cost more than the XOR's zeros (measured: docs/benchmarks.md, "Delta snapshots")."""
     xor = np.bitwise_xor(new.view(f"<u{width}"), base.view(f"<u{width}"))
-    changed = np.flatnonzero(xor)
-    if changed.size == 0:
+    count = int(np.count_nonzero(xor))
+    if count == 0:
         return "same", 0, b""
     dense = compressor.compress(_planes(xor.view(np.uint8), width))
-    if xor.size >= 2**32:  # positions are uint32 gaps
+    if count > SPARSE_MAX * xor.size or xor.size >= 2**32:  # positions are uint32 gaps
         return "xor", 0, dense
+    changed = np.flatnonzero(xor)
     gaps = np.diff(changed, prepend=-1) - 1
     sparse = compressor.compress(
-        _planes(gaps.astype("<u4").view(np.uint8), 4) + _planes(xor[changed].view(np.uint8), width)
+        np.concatenate(
+            [_planes(gaps.astype("<u4").view(np.uint8), 4), _planes(xor[changed].view(np.uint8), width)]
+        )
     )
     if len(sparse) < len(dense):
-        return "sparse", int(changed.size), sparse
+        return "sparse", count, sparse
     return "xor", 0, dense
 
 
-def _planes(u8: np.ndarray, width: int) -> bytes:
+def _planes(u8: np.ndarray, width: int) -> np.ndarray:
     """Bytes of elements of `width` bytes regrouped by byte position: every element's byte 0, then
-    every byte 1, ... (the high planes of small changes are zeros, which compress well)."""
-    if width == 1:
-        return u8.tobytes()
-    return u8.reshape(-1, width).T.tobytes()
-
-
-def _unplanes(u8: np.ndarray, width: int) -> np.ndarray:
-    """The inverse of `_planes`, as a new uint8 array."""
+    every byte 1, ... (the high planes of small changes are zeros, which compress well). One
+    strided copy per plane: several times faster than a transposed copy."""
     if width == 1:
         return u8
-    return np.ascontiguousarray(u8.reshape(width, -1).T).reshape(-1)
+    out = np.empty(u8.size, np.uint8)
+    n = u8.size // width
+    for i in range(width):
+        out[i * n : (i + 1) * n] = u8[i::width]
+    return out
+
+
+def _unplanes(u8: np.ndarray, width: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of `_planes`, into `out` if given, else into a new array (width 1: `u8` itself)."""
+    if out is None:
+        if width == 1:
+            return u8
+        out = np.empty(u8.size, np.uint8)
+    n = u8.size // width
+    for i in range(width):
+        out[i::width] = u8[i * n : (i + 1) * n]
+    return out
 
 
 def _decompress(decompressor, blob: memoryview, size: int, name: str) -> np.ndarray:
