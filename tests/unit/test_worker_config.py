@@ -10,7 +10,7 @@ import pytest
 
 from echo2.config import ConfigError
 from echo2.rollout import broadcast_peer
-from echo2.rollout.worker_config import PeerConfig, WorkerConfig, add_flags, flag, from_flags
+from echo2.rollout.worker_config import PeerConfig, WorkerConfig, add_flags, flag, from_flags, to_argv
 
 OWN_FLAGS = {"--threads", "--dry-run", "--config", "--quiet", "--help"}
 """`echo2 worker`'s flags that are about the process, not the worker (no field of WorkerConfig)."""
@@ -67,3 +67,22 @@ def test_the_flags_give_the_config_the_fields_say():
     config = from_flags(WorkerConfig, args)
     assert config == WorkerConfig(url="https://c:1", token="t", name="w", inbound=True, engine="vllm")
     assert config.relay_host == "0.0.0.0" and config.throughput is None
+
+
+def test_a_config_written_as_flags_reads_back_the_same():
+    """What the local fleet starts its workers with (`to_argv`), the token aside."""
+    config = WorkerConfig(
+        url="http://127.0.0.1:8765",
+        token="t",
+        name="local-0",
+        price_per_hour=0.5,
+        inbound=True,
+        relay_host="127.0.0.1",
+        emulate=3.0,
+        learner_key="ab" * 16,
+    )
+    argv = to_argv(config)
+    assert "t" not in argv and "--token" not in argv
+    parser = argparse.ArgumentParser()
+    add_flags(parser, WorkerConfig, token="t", name="elsewhere")
+    assert from_flags(WorkerConfig, parser.parse_args(argv)) == config

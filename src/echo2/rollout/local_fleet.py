@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from echo2.control.selection import WorkerOffer
+from echo2.rollout.worker_config import WorkerConfig, to_argv
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +86,20 @@ class LocalFleet:
         slot = self.slots[name]
         if slot.proc is not None or slot.failed:
             raise ValueError(f"slot {name!r} is running or failed")
+        config = WorkerConfig(
+            url=self.url,
+            token=self.token,
+            name=name,
+            price_per_hour=slot.offer.price,
+            inbound=True,  # relays snapshots to a peer (chain mode)
+            relay_host="127.0.0.1",
+            emulate=slot.offer.throughput if self.emulate else None,
+            learner_key=self.learner_key,
+            ca_file=self.ca_file,  # a self-signed certificate is its own CA
+        )
         env = {**os.environ, "ECHO2_TOKEN": self.token, "OMP_NUM_THREADS": str(self.worker_threads)}
-        cmd = [sys.executable, "-m", "echo2.cli", "worker", "--coordinator", self.url, "--name", name]
-        cmd += ["--threads", str(self.worker_threads), "--price-per-hour", str(slot.offer.price), "-q"]
-        cmd += ["--inbound", "--relay-host", "127.0.0.1"]  # relays snapshots to a peer (chain mode)
-        if self.emulate:
-            cmd += ["--emulate", str(slot.offer.throughput)]
-        if self.learner_key:
-            cmd += ["--learner-key", self.learner_key]
-        if self.ca_file:  # a self-signed certificate is its own CA
-            cmd += ["--ca-file", self.ca_file]
+        cmd = [sys.executable, "-m", "echo2.cli", "worker", *to_argv(config)]
+        cmd += ["--threads", str(self.worker_threads), "-q"]
         slot.proc = subprocess.Popen(cmd, env=env)
         slot.stopping = False
         logger.info("local provider: started %s (pid %d)", name, slot.proc.pid)

@@ -1,8 +1,10 @@
-"""`echo2 worker`: its flags, their checks, and the worker's start (rollout/worker.py runs it).
+"""`echo2 worker`: the subcommand and the worker's start (rollout/worker.py runs it).
 
-A mistake in a flag exits with status 2 and one line naming the flag, before anything connects;
-`--dry-run` prints the engine settings this worker would start with and exits. Imports torch and
-the worker only once the flags are checked, so `--help` stays instant.
+The worker's flags are `WorkerConfig`'s fields, checked by it alone (rollout/worker_config.py);
+this module adds only the process's own (`--threads`, `--dry-run`, `--config`, `-q`). A mistake in
+a flag exits with status 2 and one line naming the flag, before anything connects; `--dry-run`
+prints the engine settings this worker would start with and exits. Imports torch and the worker
+only once the flags are checked, so `--help` stays instant.
 """
 
 from __future__ import annotations

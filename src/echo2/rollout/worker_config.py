@@ -6,7 +6,8 @@ the two ways a worker refuses to go on at start or at a registration (`RelayStar
 The command-line flags of `echo2 worker` and `python -m echo2.rollout.broadcast_peer` are these
 fields (`add_flags`: `--relay-port` for `relay_port`, the field's docstring as its help), and a
 mistake in one is found by these models' validators alone (`from_flags` raises a `ConfigError`
-naming the flag). The run's own config comes from the coordinator.
+naming the flag); `to_argv` writes a config back as flags (the local fleet's command lines). The
+run's own config comes from the coordinator.
 """
 
 from __future__ import annotations
@@ -185,6 +186,18 @@ def from_flags(model: type[PeerConfig], args: argparse.Namespace, **fixed: Any) 
         error = e.errors()[0]
         message = error["msg"].removeprefix("Value error, ")
         raise ConfigError(f"{flag(model, str(error['loc'][0]))}: {message}") from None
+
+
+def to_argv(config: PeerConfig) -> list[str]:
+    """The flags that give `config` back through `from_flags` (a field at its default is left
+    out), but not the token: it goes by $ECHO2_TOKEN, never on a command line."""
+    argv: list[str] = []
+    for name, info in type(config).model_fields.items():
+        value = getattr(config, name)
+        if name == "token" or value is False or (not info.is_required() and value == info.default):
+            continue
+        argv += [flag(type(config), name)] if value is True else [flag(type(config), name), str(value)]
+    return argv
 
 
 class RelayStartError(Exception):
