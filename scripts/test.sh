@@ -14,3 +14,5 @@ bash scripts/setup.sh "test,$engine,track,poker"
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
 ruff check src tests bench
 pytest -m "not slow" "$@"
+# the SkyPilot provider against SkyPilot's own classes, in a venv of its own (scripts/test_skypilot.sh)
+bash scripts/test_skypilot.sh
