@@ -1,4 +1,5 @@
-"""The trajectory record every plane exchanges, and the snapshot a learner publishes.
+"""The trajectory record every plane exchanges, the snapshot a learner publishes, and the report of
+a learner step it hands its rollout source (learning/source.py).
 
 Owns the shape and validation of a record; knows nothing of tensors, models or sockets. A record is
 immutable and round-trips through `to_dict`/`from_dict` (JSON-safe), so the same object travels from
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,3 +101,25 @@ class Snapshot:
     def is_adapter(self) -> bool:
         """True when `state` holds only a LoRA adapter; read from its keys, so it survives the wire."""
         return bool(self.state) and all(k.endswith((LORA_A, LORA_B)) for k in self.state)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport:
+    """What the learner tells its source after each step (`RolloutSource.advance`)."""
+
+    step: int
+    version: int
+    """The learner's version after the step."""
+    snapshot: Callable[[], Snapshot]
+    """Makes the weights of `version`, for a source that publishes them now (under torchrun a
+    gather every rank takes part in)."""
+    train_s: float
+    """Seconds the step trained (T_train)."""
+    stats: dict[str, float]
+    """`train_step`'s metrics (the `offpolicy/*` diagnostics among them)."""
+    staleness: dict[int, int]
+    """Records trained on so far in the run, by staleness: the learner's histogram (kept across a
+    resume by its checkpoint)."""
+    refused: dict[str, list[Trajectory]]
+    """Records the learner took and then refused, by reason: "logprob_mismatch" (left out of the
+    step, learning/verify.py) and "non_finite_step" (every record of a step not applied)."""

@@ -157,10 +157,10 @@ def _self_signed(tmp_path):
 def test_the_coordinator_speaks_tls(tmp_path):
     """coordinator.tls_cert/tls_key: the URL is https, a worker given the CA registers, and one
     that cannot verify the certificate gets nowhere."""
-    from echo2.control.remote import _tls
+    from echo2.control.assembly import tls
 
     cert, key = _self_signed(tmp_path)
-    server, state = start_coordinator(ssl_context=_tls(cert, key))
+    server, state = start_coordinator(ssl_context=tls(cert, key))
     once = RetryPolicy(max_attempts=1)
 
     async def scenario():

@@ -38,6 +38,7 @@ def test_standby_workers_report_a_calibrated_or_declared_throughput(tmp_path):
         vocab_size=100,
         run_dir=tmp_path,
     )
+    source.listen()  # no snapshot: the workers wait in standby, unleased
     flags = {"plain": {}, "declared": {"throughput": 3.0}, "emulated": {"emulate": 5.0}}
     workers = [Worker(WorkerConfig(url=source.url, token="t", name=n, **kw)) for n, kw in flags.items()]
     loop = asyncio.new_event_loop()

@@ -10,7 +10,7 @@ from echo2.config import ConfigError, load_config
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
 from echo2.learning.source import SourceSpec, make_source
-from echo2.records import Snapshot
+from echo2.records import Snapshot, StepReport
 from echo2.rollout.engine import Sample
 from echo2.rollout.local import LocalRollout
 
@@ -33,11 +33,29 @@ class VersionEngine:
         ]
 
 
+def step_done(version: int) -> StepReport:
+    """What the learner loop reports after the step that reached `version`."""
+    return StepReport(
+        step=version - 1,
+        version=version,
+        snapshot=lambda: Snapshot(version=version, state={}),
+        train_s=0.0,
+        stats={},
+        staleness={},
+        refused={},
+    )
+
+
 def lagged_source(lag: int, engine: VersionEngine) -> LocalRollout:
     config = load_config(TINY, {"rollout.lag": lag, "learner.staleness": lag})
     buffer = ReplayBuffer(staleness=lag, group_size=config.rollout.group_size)
     return LocalRollout(
-        engine=engine, task=make_task(config.task, seed=0), buffer=buffer, config=config.rollout, seed=0
+        engine=engine,
+        task=make_task(config.task, seed=0),
+        buffer=buffer,
+        config=config.rollout,
+        seed=0,
+        publish_every=config.learner.publish_every,
     )
 
 
@@ -47,12 +65,11 @@ def test_every_batch_comes_from_the_snapshot_lag_versions_old(lag):
     source = lagged_source(lag, engine)
     source.start(Snapshot(version=0, state={}))
     seen = []
-    for version in range(8):  # what the learner loop does: take, train, advance, hand a snapshot
+    for version in range(8):  # what the learner loop does: take, train, report the step
         groups, staleness, _ = source.next_groups(source.config.prompts_per_step)
         seen.append(staleness[0])
         assert set(staleness) == {version - engine.generated_by[-1]}
-        source.advance(version + 1)
-        source.publish(Snapshot(version=version + 1, state={}))
+        source.advance(step_done(version + 1))  # a lag takes a snapshot every step, whatever kappa
     assert engine.generated_by == [max(0, v - lag) for v in range(8)]
     assert seen == [min(v, lag) for v in range(8)]
 

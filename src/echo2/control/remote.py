@@ -7,35 +7,34 @@ coordinator state measures when each published version ran on a fraction q of th
 learner's key (RUN_DIR/learner_key.pem unless `broadcast.key_file` names another) and disseminated
 as `[broadcast]` says (docs/architecture.md). Every accepted batch is journaled in
 RUN_DIR/accepted.jsonl (control/journal.py) and a checkpoint records the journal's offset, so a
-resumed learner puts back every record accepted since, and trains none twice. Implements the `RolloutSource` seam
-(learning/source.py); knows nothing of training.
+resumed learner puts back every record accepted since, and trains none twice.
+
+Implements the `RolloutSource` seam (learning/source.py) and keeps behind it what only a coordinator
+needs: the scheduler's T_train (a calibration step before the first, then the learner's step
+times), strikes against the workers whose records the learner refused, the status page's figures
+and the run summary's measurements. Built from the run's config with no side effect; `start` opens
+the journal, binds the port, writes RUN_DIR/coordinator.url (and .token), publishes the first
+snapshot and runs the `on_start` hooks; `close` undoes them. Knows nothing of training.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
-import ssl
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from echo2.broadcast.chunks import load_or_create_key
 from echo2.config import Config, ConfigError
-from echo2.control import capacity, identity, journal
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
-from echo2.control.scheduler import Scheduler
-from echo2.control.state import CoordinatorState, Limits, WorkerStatus
+from echo2.control import assembly, capacity, identity, journal
+from echo2.control.state import WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
-from echo2.envs import response_limit
 from echo2.preflight import bind_message
-from echo2.records import Snapshot
+from echo2.records import Snapshot, StepReport, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -49,131 +48,117 @@ def serialise(snapshot: Snapshot) -> bytes:
 
 
 class RemoteRollout:
+    """The learner's `RolloutSource` over a coordinator. Construction builds the parts from the
+    config and reads the learner's signing key (creating it on a first run: it is the state's
+    identity); nothing binds, starts or is written before `start` (or `listen`)."""
+
     def __init__(
         self,
-        *,
         config: Config,
+        *,
         task: Task,
         buffer: ReplayBuffer,
         vocab_size: int,
+        run_dir: Path | None = None,
         tokenizer=None,
         provider=None,
-        run_dir: Path | None = None,
         on_start: Iterable[Callable[[RemoteRollout], None]] = (),
+        time_train_step: Callable[[], float] | None = None,
     ) -> None:
         """`on_start` hooks run once the first snapshot is published (start workers, print the URL).
         With `tokenizer`, every pushed record is checked against its leased prompt and re-scored
-        with the task (learning/verify.py)."""
-        from echo2.control.validate import reward_range
-        from echo2.learning.verify import TaskReferee
-
+        with the task (learning/verify.py). `time_train_step` times one learner step, for a
+        scheduler with no `scheduler.t_train` (learning/calibrate.py)."""
         self.config = config
-        self.on_start = list(on_start)
         self.buffer = buffer
+        self.run_dir = run_dir
+        self.on_start = list(on_start)
+        self.before_close: list[Callable[[], None]] = []
+        """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
+        self.time_train_step = time_train_step
+        self.checks_logprobs = not config.scheduler.emulate
+        """Emulated workers' log-probs are not a policy's: the learner has nothing to compare."""
         self.t_train: list[float] = []
         self.t_train_hint: float | None = config.scheduler.t_train
         """T_train for the scheduler's target until a step is timed: `scheduler.t_train`, or the
-        learner's calibration step (learning/calibrate.py)."""
-        ccfg, bc = config.coordinator, config.broadcast
-        key_file = (
-            Path(bc.key_file).expanduser()
-            if bc.key_file
-            else (run_dir or config.run_dir()) / "learner_key.pem"
-        )
-        budget_mbps = bc.uplink_budget_mbps or bc.uplink_mbps
-        self.state = CoordinatorState(
-            buffer=buffer,
-            limits=Limits(
-                vocab_size=vocab_size,
-                max_prompt_tokens=config.rollout.max_prompt_tokens,
-                max_new_tokens=response_limit(config),
-                group_size=config.rollout.group_size,
-                reward_range=reward_range(task),
-            ),
-            referee=TaskReferee(task, tokenizer, max_new_tokens=config.rollout.max_new_tokens)
-            if tokenizer is not None
-            else None,
-            max_leases_per_worker=ccfg.max_leases_per_worker,
-            max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
-            groups_per_step=config.rollout.prompts_per_step,
-            quarantine_after=ccfg.quarantine_after,
-            purge_after=ccfg.purge_after,
-            group_id_of=lambda i: task.train_prompt(i).group_id,
-            lease_timeout=ccfg.lease_timeout,
-            heartbeat_timeout=ccfg.heartbeat_timeout,
-            scheduler=Scheduler(
-                sustain_s=config.scheduler.sustain_s, release_margin=config.scheduler.release_margin
-            )
-            if config.scheduler.enabled
-            else None,
-            target=self.target_throughput,
-            window_s=config.scheduler.window_s,
-            provider=provider,
-            broadcast=BroadcastPolicy(
-                mode=bc.mode,
-                chunk_size=bc.chunk_bytes,
-                uplink_budget_bps=None if budget_mbps is None else budget_mbps * 1e6 / 8,
-                worker_bps=bc.worker_mbps * 1e6 / 8,
-                slow_relay_fraction=bc.slow_relay_fraction,
-            ),
-            signing_key=load_or_create_key(key_file),
-        )
-        self.token = ccfg.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(16)
-        self.token_origin = (
-            "coordinator.token" if ccfg.token else "$ECHO2_TOKEN" if os.environ.get("ECHO2_TOKEN") else None
-        )
-        """Where the token came from (never printed then); None: generated, written to
-        RUN_DIR/coordinator.token (mode 0600)."""
-        worker_view = config.model_dump(
-            mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"}
-        )
-        worker_view["run"] = {"seed": config.run.seed}
-        # What workers need of the learner: the dtype snapshots arrive in, and whether they are adapters.
-        worker_view["learner"] = config.model_dump(mode="json", include={"learner": {"dtype", "lora"}})[
-            "learner"
-        ]
+        calibration step `start` times."""
         self.idle = 0.0
         self.train = 0.0
-        self.journal = journal.Journal(run_dir / journal.NAME, epoch=self.state.epoch) if run_dir else None
-        self.state.intake.journal = self.journal.accepted if self.journal is not None else None
-        self.held: list = []
+        self.held: list[Trajectory] = []
         """Replayed records newer than the resumed learner, put in the buffer as it reaches them."""
         self.offpolicy: dict[str, Any] = {}
-        self.consumed_staleness: Counter[int] = Counter()
-        """Records trained on by staleness, this process's share of the run (GET /status, /ui)."""
-        self.coordinator = Coordinator(
-            self.state,
-            token=self.token,
-            run_info=worker_view,
-            heartbeat_interval=ccfg.heartbeat_interval,
-            status_extra=self.timings,
-            uplink_bps=None if bc.uplink_mbps is None else bc.uplink_mbps * 1e6 / 8,
-            stream_bps=None if bc.learner_stream_mbps is None else bc.learner_stream_mbps * 1e6 / 8,
-            ssl_context=_tls(ccfg.tls_cert, ccfg.tls_key),
-            any_relay_host=ccfg.any_relay_host,
+        self.staleness_histogram: dict[int, int] = {}
+        """The learner's records trained on by staleness, whole run (GET /status, /ui)."""
+        self.journal: journal.Journal | None = None
+        """RUN_DIR/accepted.jsonl, opened by `start` (no journal without a run directory)."""
+        key_file = (
+            Path(config.broadcast.key_file).expanduser()
+            if config.broadcast.key_file
+            else (run_dir or config.run_dir()) / "learner_key.pem"
+        )
+        self.state = assembly.coordinator_state(
+            config,
+            task=task,
+            buffer=buffer,
+            vocab_size=vocab_size,
+            tokenizer=tokenizer,
+            provider=provider,
+            target=self.target_throughput,
+            journal=self._journal_accepted if run_dir is not None else None,
+            signing_key=load_or_create_key(key_file),
+        )
+        self.token, self.token_origin = assembly.token(config.coordinator)
+        """`token_origin`: where the token came from (never printed then); None: generated, written
+        to RUN_DIR/coordinator.token (mode 0600) by `start`."""
+        self.token_file: Path | None = None
+        self.coordinator = assembly.coordinator(
+            config, self.state, token=self.token, status_extra=self.timings
         )
         self.fingerprint = identity.fingerprint(self.state.publisher.public_key)
         """What workers pin the learner's key by (`echo2 worker --learner-key`)."""
-        logger.info("learner key fingerprint: %s", self.fingerprint)
-        self.token_file: Path | None = None
-        self.before_close: list = []
-        """Callables run by close() before the coordinator stops (e.g. stopping local workers)."""
+        self.url: str | None = None
+        """Where the coordinator listens, once `start` (or `listen`) bound its port."""
+
+    # ------------------------------------------------------------------ RolloutSource
+    def start(self, snapshot: Snapshot) -> None:
+        """Listen; time a calibration step if the scheduler needs T_train before the first step;
+        workers start from the learner's current weights; then the hooks (start local workers)."""
+        self.listen()
+        try:
+            if self.config.scheduler.enabled and self.t_train_hint is None and self.time_train_step:
+                self.t_train_hint = self.time_train_step()
+                logger.info("calibration step: T_train about %.2fs", self.t_train_hint)
+            self._publish(snapshot)
+            for hook in self.on_start:
+                hook(self)
+        except BaseException:
+            self.close()
+            raise
+
+    def listen(self) -> str:
+        """Open the journal, bind the coordinator's port (`ConfigError` if it cannot) and write
+        where workers find it; returns the URL."""
+        ccfg = self.config.coordinator
+        if self.run_dir is not None:
+            self.journal = journal.Journal(self.run_dir / journal.NAME, epoch=self.state.epoch)
         try:
             self.url = self.coordinator.start(ccfg.host, ccfg.port)
         except OSError as e:  # the port is taken, the address is not this host's
+            self.close()
             raise ConfigError(bind_message(ccfg.host, ccfg.port, e)) from None
-        if run_dir is not None:
+        logger.info("learner key fingerprint: %s", self.fingerprint)
+        if self.run_dir is not None:
             # Where workers find the learner when coordinator.port = 0 let the OS pick the port.
-            tmp = run_dir / "coordinator.url.tmp"
+            tmp = self.run_dir / "coordinator.url.tmp"
             tmp.write_text(self.url + "\n")
-            tmp.replace(run_dir / "coordinator.url")
+            tmp.replace(self.run_dir / "coordinator.url")
             if self.token_origin is None:
-                self.token_file = run_dir / "coordinator.token"
+                self.token_file = self.run_dir / "coordinator.token"
                 fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(self.token + "\n")
+        return self.url
 
-    # ------------------------------------------------------------------ RolloutSource
     def next_groups(self, num_groups: int):
         start = time.perf_counter()
         groups, staleness = self.state.intake.take_groups(
@@ -190,64 +175,46 @@ class RemoteRollout:
             self.journal.taken(self.buffer.learner_version, [r.record_id for g in groups for r in g])
         with self.state.shared.lock:  # also read by GET /status, from the coordinator's thread
             self.idle += waited
-            self.consumed_staleness.update(staleness)
             stats = {"time/learner_wait": waited, **self._bcast_metrics()}
         return groups, staleness, stats
 
-    def _bcast_metrics(self) -> dict[str, float]:
-        """T_bcast of the newest version measured so far (keys absent until one is)."""
-        if not self.state.publisher.t_bcast:
-            return {}
-        v = max(self.state.publisher.t_bcast)
-        out = {"bcast/version": float(v), "bcast/t_q90": self.state.publisher.t_bcast[v]}
-        if v in self.state.publisher.t_bcast_all:
-            out["bcast/t_all"] = self.state.publisher.t_bcast_all[v]
-        return out
-
-    def record_train_time(self, seconds: float) -> None:
-        with self.state.shared.lock:
-            self.t_train.append(seconds)
-            self.train += seconds
-
-    def record_metrics(self, row: dict[str, Any]) -> None:
-        with self.state.shared.lock:  # GET /status shows the last step's off-policy diagnostics
-            self.offpolicy = {
-                "step": row["step"],
-                **{k: v for k, v in row.items() if k.startswith("offpolicy/")},
-            }
-
-    def advance(self, version: int) -> None:
-        self.state.intake.set_learner_version(version)
+    def advance(self, report: StepReport) -> None:
+        """Strike the makers of what the learner refused; move the buffer to the learner's version
+        (admitting held records it now reaches); publish every `learner.publish_every` versions;
+        keep the step's time and figures for the scheduler, GET /status and the summary."""
+        for reason, records in report.refused.items():
+            if records:
+                makers = self.state.intake.flag(records, reason)
+                logger.warning(
+                    "%d records refused by the learner (%s); made by workers %s", len(records), reason, makers
+                )
+        self.state.intake.set_learner_version(report.version)
         if self.held:
             with self.state.shared.lock:
                 self.held = journal.admit_held(self.buffer, self.held)
                 self.state.shared.ready.notify_all()
-
-    def flag(self, records, reason: str) -> list[str]:
-        return self.state.intake.flag(records, reason)
-
-    def start(self, snapshot: Snapshot) -> None:
-        """Workers start from the learner's current weights; then the hooks (start local workers)."""
-        self.publish(snapshot)
-        for hook in self.on_start:
-            hook(self)
-
-    def publish(self, snapshot: Snapshot) -> None:
-        data = serialise(snapshot)
-        self.state.publisher.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
-        if self.journal is not None:
-            self.journal.published(snapshot.version, self.state.epoch)
+        if report.version % self.config.learner.publish_every == 0:
+            self._publish(report.snapshot())
+        with self.state.shared.lock:
+            self.t_train.append(report.train_s)
+            self.train += report.train_s
+            self.offpolicy = {
+                "step": report.step,
+                **{k: v for k, v in report.stats.items() if k.startswith("offpolicy/")},
+            }
+            self.staleness_histogram = dict(report.staleness)
 
     def state_dict(self) -> dict[str, Any]:
+        ingestion = self.state.intake.ingestion
         with self.state.shared.lock:
-            pending = list(self.state.intake.ingestion.reissue) + [
-                i for lease in self.state.intake.ingestion.leases.values() for i in lease.indices
+            pending = list(ingestion.reissue) + [
+                i for lease in ingestion.leases.values() for i in lease.indices
             ]
             out = {
-                "next_prompt": self.state.intake.ingestion.next_index,
+                "next_prompt": ingestion.next_index,
                 "reissue": pending,
                 "buffer": self.buffer.state_dict(),
-                "buffered": dict(self.state.intake.ingestion.buffered),
+                "buffered": dict(ingestion.buffered),
                 "held": [r.to_dict() for r in self.held],
             }
             if self.journal is not None:
@@ -257,28 +224,54 @@ class RemoteRollout:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from echo2.records import Trajectory
-
+        """Before `start`: the records the journal accepted after the checkpoint are put back too."""
+        ingestion = self.state.intake.ingestion
         with self.state.shared.lock:
-            self.state.intake.ingestion.next_index = state["next_prompt"]
-            self.state.intake.ingestion.reissue.extend(state.get("reissue", []))
+            ingestion.next_index = state["next_prompt"]
+            ingestion.reissue.extend(state.get("reissue", []))
             self.buffer.load_state_dict(state["buffer"])
-            self.state.intake.ingestion.buffered.update(state.get("buffered", {}))
+            ingestion.buffered.update(state.get("buffered", {}))
             self.held = [Trajectory.from_dict(d) for d in state.get("held", [])]
-            if self.journal is not None and "journal_offset" in state:
-                since = journal.accepted_since(self.journal.path, state["journal_offset"])
-                self.held += journal.replay(
-                    self.state.intake.ingestion, since, referee=self.state.intake.referee
-                )
+            if self.run_dir is not None and "journal_offset" in state:
+                since = journal.accepted_since(self.run_dir / journal.NAME, state["journal_offset"])
+                self.held += journal.replay(ingestion, since, referee=self.state.intake.referee)
 
-    def close(self) -> None:
+    def close(self) -> dict[str, Any]:
+        """Idempotent. Returns the run summary's measurements (taken before anything stops)."""
+        measured = self.timings()
         for hook in self.before_close:
             hook()
+        self.before_close = []
         self.state.close()
-        self._tell_workers()
-        self.coordinator.stop()
+        if self.url is not None:
+            self._tell_workers()
+            self.coordinator.stop()
         if self.journal is not None:
             self.journal.close()
+        return measured
+
+    # ------------------------------------------------------------------ behind the seam
+    def _journal_accepted(self, records: list[Trajectory], prompts: dict[str, int]) -> None:
+        """The state's journal: pushes arrive only once `start` opened it."""
+        assert self.journal is not None, "a push before the coordinator listened"
+        self.journal.accepted(records, prompts)
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        data = serialise(snapshot)
+        self.state.publisher.publish(snapshot.version, data, keep=self.config.learner.staleness + 1)
+        if self.journal is not None:
+            self.journal.published(snapshot.version, self.state.epoch)
+
+    def _bcast_metrics(self) -> dict[str, float]:
+        """T_bcast of the newest version measured so far (keys absent until one is)."""
+        t_bcast, t_bcast_all = self.state.publisher.t_bcast, self.state.publisher.t_bcast_all
+        if not t_bcast:
+            return {}
+        v = max(t_bcast)
+        out = {"bcast/version": float(v), "bcast/t_q90": t_bcast[v]}
+        if v in t_bcast_all:
+            out["bcast/t_all"] = t_bcast_all[v]
+        return out
 
     def _tell_workers(self) -> None:
         """Keep answering until every live worker has heard `run_finished` (each does at its next
@@ -296,11 +289,6 @@ class RemoteRollout:
             time.sleep(0.05)
 
     # ------------------------------------------------------------------ measurements
-    @property
-    def wants_t_train(self) -> bool:
-        """The scheduler needs a T_train before the first step: none configured or timed yet."""
-        return self.config.scheduler.enabled and self.t_train_hint is None and not self.t_train
-
     def target_throughput(self) -> float | None:
         """gamma * mu_min (scheduler.model, continuous by default) from the learner's own T_train
         (the configured or calibrated one until a step is timed) and T_bcast (None while T_train
@@ -308,15 +296,13 @@ class RemoteRollout:
         t_train = statistics.median(self.t_train) if self.t_train else self.t_train_hint
         if t_train is None:
             return None
-        t_bcast = (
-            statistics.median(self.state.publisher.t_bcast.values()) if self.state.publisher.t_bcast else 0.0
-        )
+        t_bcast = self.state.publisher.t_bcast
         return capacity.target_throughput(
             kappa=self.config.learner.publish_every,
             staleness=self.config.learner.staleness,
             model=self.config.scheduler.model,
             t_train=t_train,
-            t_bcast=t_bcast,
+            t_bcast=statistics.median(t_bcast.values()) if t_bcast else 0.0,
             batch=self.config.rollout.prompts_per_step * self.config.rollout.group_size,
             gamma=self.config.scheduler.gamma,
         )
@@ -326,44 +312,25 @@ class RemoteRollout:
             return sum(w.status is WorkerStatus.ACTIVE for w in self.state.registry.workers.values())
 
     def timings(self) -> dict[str, Any]:
-        """Learner-side measurements, shown in GET /status and the run summary."""
+        """Learner-side measurements, shown in GET /status and the run summary. The staleness
+        histogram is the learner's (whole run, across resumes), as its last step reported it."""
         with self.state.shared.lock:
-            return self._timings()
-
-    def _timings(self) -> dict[str, Any]:
-        busy = self.idle + self.train
-        return {
-            "t_train": statistics.median(self.t_train) if self.t_train else None,
-            "t_bcast": statistics.median(self.state.publisher.t_bcast.values())
-            if self.state.publisher.t_bcast
-            else None,
-            "t_bcast_all": (
-                statistics.median(self.state.publisher.t_bcast_all.values())
-                if self.state.publisher.t_bcast_all
-                else None
-            ),
-            "broadcast_mode": self.config.broadcast.mode,
-            "offpolicy": dict(self.offpolicy),
-            "learner_idle_s": self.idle,
-            "staleness_histogram": {str(k): v for k, v in sorted(self.consumed_staleness.items())},
-            "bubble_ratio": self.idle / busy if busy else None,
-            "ingest_rejected": dict(self.state.intake.ingestion.rejected),
-            "scheduler_decisions": list(self.state.fleet.decisions),
-            "workers_cost_per_hour": sum(
-                w.price_per_hour
-                for w in self.state.registry.workers.values()
-                if w.status is WorkerStatus.ACTIVE and not w.standby
-            ),
-        }
-
-
-def _tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """The coordinator's TLS context from coordinator.tls_cert / tls_key (None: plain HTTP)."""
-    if cert is None or key is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(Path(cert).expanduser(), Path(key).expanduser())
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"coordinator.tls_cert / tls_key: cannot load {cert}, {key}: {e}") from None
-    return context
+            busy = self.idle + self.train
+            t_bcast, t_bcast_all = self.state.publisher.t_bcast, self.state.publisher.t_bcast_all
+            return {
+                "t_train": statistics.median(self.t_train) if self.t_train else None,
+                "t_bcast": statistics.median(t_bcast.values()) if t_bcast else None,
+                "t_bcast_all": statistics.median(t_bcast_all.values()) if t_bcast_all else None,
+                "broadcast_mode": self.config.broadcast.mode,
+                "offpolicy": dict(self.offpolicy),
+                "learner_idle_s": self.idle,
+                "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+                "bubble_ratio": self.idle / busy if busy else None,
+                "ingest_rejected": dict(self.state.intake.ingestion.rejected),
+                "scheduler_decisions": list(self.state.fleet.decisions),
+                "workers_cost_per_hour": sum(
+                    w.price_per_hour
+                    for w in self.state.registry.workers.values()
+                    if w.status is WorkerStatus.ACTIVE and not w.standby
+                ),
+            }

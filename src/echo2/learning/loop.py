@@ -1,11 +1,12 @@
 """The GRPO learner loop (`echo2 run`, `echo2 learner`).
 
 Reads top to bottom: load and check task, tokenizer and model (nothing is written to the run
-directory before they load); evaluate; then per step take whole admissible groups from the rollout
-source, train, advance the version, hand the source a snapshot every kappa steps; evaluate again and
-checkpoint. The source (learning/source.py) is built once by `make_source` from what the caller
-chose: the learner's own engine taking turns with it, or a coordinator fed by workers. The loop
-does not know which. Rollout engines only ever see snapshots.
+directory before they load); evaluate; start the rollout source from the current weights; then per
+step take whole admissible groups from the source, train, advance the version and tell the source
+(it publishes a snapshot when its rule says); evaluate again and checkpoint. The source
+(learning/source.py) is built once by `make_source` from what the caller chose: the learner's own
+engine taking turns with it, or a coordinator fed by workers. The loop does not know which, and
+speaks to it only through the `RolloutSource` protocol. Rollout engines only ever see snapshots.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
 from echo2.export import save_merged, write_hf_files
 from echo2.learning import build, distributed
+from echo2.learning.calibrate import time_train_step
 from echo2.learning.checkpoint import save_checkpoint
 from echo2.learning.device import DTYPES, resolve_device, resolved, resolved_learner, snapshot_state
 from echo2.learning.lora import adapter_state, is_lora
@@ -34,7 +37,7 @@ from echo2.learning.step import train_step
 from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.preflight import removed_on_failure
-from echo2.records import Snapshot
+from echo2.records import Snapshot, StepReport
 from echo2.rollout.collect import evaluate
 from echo2.rollout.engines import learner_engine
 from echo2.rollout.episodes import episode_stats
@@ -53,18 +56,13 @@ def make_snapshot(model, version: int, config: LearnerConfig) -> Snapshot:
     return Snapshot(version=version, state=snapshot_state(model, config))
 
 
-def evaluate_now(
-    engine, current: Snapshot, published: Snapshot, task, prompts, config: Config
-) -> dict[str, float]:
-    """Held-out accuracy of the learner's current weights during training. The engine is then put
-    back on the last published snapshot, so evaluating changes no rollout."""
-    if engine.version != current.version:
-        engine.install(current)
-    try:
-        return evaluate(engine, task, prompts, batch_size=config.run.eval_batch_size)
-    finally:
-        if engine.version != published.version:
-            engine.install(published)
+def evaluate_now(engine, model, version: int, task, prompts, config: Config) -> dict[str, float]:
+    """Held-out accuracy of the learner's current weights during training. The engine may be the
+    in-process source's: it installs the snapshot a batch needs before generating it, so evaluating
+    changes no rollout."""
+    if engine.version != version:
+        engine.install(make_snapshot(model, version, config.learner))
+    return evaluate(engine, task, prompts, batch_size=config.run.eval_batch_size)
 
 
 def run(
@@ -121,17 +119,16 @@ def run(
             vocab_size=len(tokenizer),
             run_dir=run_dir,
             tokenizer=tokenizer,
+            time_train_step=partial(
+                time_train_step, model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
+            ),
         )
         if learner.source_state is not None:
             source.load_state_dict(learner.source_state)
-        if getattr(source, "wants_t_train", False) and distributed.world_size() == 1:
-            # the scheduler sizes the pool from T_train before the first step can be timed
-            from echo2.learning.calibrate import time_train_step
-
-            source.t_train_hint = time_train_step(
-                model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
-            )
-            logger.info("calibration step: T_train about %.2fs", source.t_train_hint)
+        if state.eval_before is None and eval_prompts:
+            state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
+            logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
+        source.start(make_snapshot(model, state.version, lcfg))  # rollouts start from the current weights
 
     metrics_path = run_dir / "metrics.jsonl"
     if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
@@ -153,12 +150,6 @@ def run(
         )
 
     try:
-        if state.eval_before is None and eval_prompts:
-            state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
-            logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
-        published = make_snapshot(model, state.version, lcfg)
-        source.start(published)  # rollouts start from the current weights
-
         # ---- the loop
         bar = tqdm(
             range(state.step, lcfg.steps),
@@ -172,11 +163,13 @@ def run(
             t0 = time.perf_counter()
             groups, staleness, rollout_stats = source.next_groups(rcfg.prompts_per_step)
             assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
+            records = [r for g in groups for r in g]
             t1 = time.perf_counter()
             distributed.lead(distributed.Order.TRAIN, groups)
-            # emulated workers' log-probs are not a policy's: nothing to compare them with
-            bound = None if config.scheduler.emulate else lcfg.max_logratio
-            check = StepCheck(max_logratio=bound, learner_version=state.version)
+            check = StepCheck(
+                max_logratio=lcfg.max_logratio if source.checks_logprobs else None,
+                learner_version=state.version,
+            )
             stats = train_step(
                 model,
                 optimizer,
@@ -190,28 +183,29 @@ def run(
                 grouping=getattr(config.task, "grouping", "state"),  # never a record's metadata
             )
             if check.refused:
-                makers = source.flag(check.refused, "logprob_mismatch")
-                logger.warning(
-                    "%d records left out of step %d: log-probs disagree (workers %s)",
-                    len(check.refused),
-                    step,
-                    makers,
-                )
+                logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
             if check.skipped:
-                makers = source.flag([r for g in groups for r in g], "non_finite_step")
-                logger.warning("step %d not applied: loss or gradient not finite (workers %s)", step, makers)
+                logger.warning("step %d not applied: loss or gradient not finite", step)
             t2 = time.perf_counter()
             state.step = step + 1
             state.version += 1
-            source.advance(state.version)
-            if state.version % lcfg.publish_every == 0 or rcfg.lag:  # lag: the source keeps k + 1
-                published = make_snapshot(model, state.version, lcfg)
-                source.publish(published)
-            source.record_train_time(t2 - t1)
-
-            records = [r for g in groups for r in g]
-            rollout_stats |= signal_stats(groups)
             state.staleness.update(staleness)
+            source.advance(
+                StepReport(
+                    step=step,
+                    version=state.version,
+                    snapshot=partial(make_snapshot, model, state.version, lcfg),
+                    train_s=t2 - t1,
+                    stats=stats,
+                    staleness=dict(state.staleness),
+                    refused={
+                        "logprob_mismatch": check.refused,
+                        "non_finite_step": records if check.skipped else [],
+                    },
+                )
+            )
+
+            rollout_stats |= signal_stats(groups)
             row = {
                 "step": step,
                 "version": state.version,
@@ -230,21 +224,18 @@ def run(
                 "throughput/train_tokens_per_s": stats["train/tokens"] / max(t2 - t1, 1e-9),
             }
             if config.run.eval_every and eval_prompts and state.step % config.run.eval_every == 0:
-                current = make_snapshot(model, state.version, lcfg)
-                row |= evaluate_now(engine, current, published, task, eval_prompts, config)
+                row |= evaluate_now(engine, model, state.version, task, eval_prompts, config)
             metrics.write(row)
-            source.record_metrics(row)
             tracker.log_step(step, row, groups)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
             if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
                 save()
-        extra = source.timings()
     except BaseException:
         tracker.close()
         raise
     finally:
         metrics.close()
-        source.close()
+        measured = source.close()  # a coordinator's T_train, T_bcast, idle time, ...
 
     # ---- final evaluation and checkpoint
     engine.install(make_snapshot(model, state.version, lcfg))
@@ -261,8 +252,8 @@ def run(
         "eval_before": state.eval_before,
         "eval_after": eval_after,
         "rejected": dict(buffer.rejected),
-        "staleness_histogram": state.to_json()["staleness_histogram"],
-        **extra,
+        "staleness_histogram": state.to_json()["staleness_histogram"],  # the learner's: survives a resume
+        **measured,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     tracker.close(summary)

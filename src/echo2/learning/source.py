@@ -3,8 +3,10 @@
 Owns the choice between the learner's own engine taking turns with it (`LocalRollout`, no workers)
 and a coordinator fed by worker processes (`RemoteRollout`: remote hosts, or a `LocalFleet` on this
 machine), and the glue each needs (starting local workers once the coordinator listens, handing the
-fleet to the scheduler as its provider). The learner loop calls `make_source` once and from then on
-only speaks the protocol; it does not know which source it drives.
+fleet to the scheduler as its provider, timing a learner step for the scheduler). The learner loop
+calls `make_source` once and from then on only speaks the protocol; it does not know which source it
+drives. What only a coordinator needs (refused records, train time, the status page's figures, the
+run summary's measurements) it takes from the `StepReport` and keeps behind its own door.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from echo2.config import Config, ConfigError
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
-from echo2.records import Snapshot, Trajectory
+from echo2.learning import distributed
+from echo2.records import Snapshot, StepReport, Trajectory
 from echo2.rollout.engine import Engine
 from echo2.rollout.local import LocalRollout
 
@@ -29,8 +32,13 @@ class RolloutSource(Protocol):
     """Where the learner gets whole groups of admissible records. Implemented by `LocalRollout`
     (rollout/local.py, in process) and `RemoteRollout` (control/remote.py, coordinator + workers)."""
 
+    checks_logprobs: bool
+    """Its records' behaviour log-probs are a policy's, so the learner compares them with its own
+    (False for emulated workers, whose log-probs are uniform)."""
+
     def start(self, snapshot: Snapshot) -> None:
-        """Serve rollouts from `snapshot` on (the weights the learner starts or resumes from)."""
+        """Serve rollouts from `snapshot` on (the weights the learner starts or resumes from);
+        a coordinator binds its port here (`ConfigError` if it cannot)."""
         ...
 
     def next_groups(self, num_groups: int) -> tuple[list[list[Trajectory]], list[int], dict[str, float]]:
@@ -38,38 +46,24 @@ class RolloutSource(Protocol):
         long the learner waited for them); blocks until available."""
         ...
 
-    def advance(self, version: int) -> None:
-        """The learner moved to `version`: evict what is now too stale."""
-        ...
-
-    def publish(self, snapshot: Snapshot) -> None:
-        """Make `snapshot` the weights rollouts are generated with from now on."""
-        ...
-
-    def record_train_time(self, seconds: float) -> None:
-        """The learner's step time, for T_train and the bubble ratio."""
-        ...
-
-    def record_metrics(self, row: dict[str, Any]) -> None:
-        """The step's metrics row (the coordinator's GET /status shows its `offpolicy/*` keys)."""
-        ...
-
-    def flag(self, records: list[Trajectory], reason: str) -> list[str]:
-        """The learner refused these records after taking them (learning/verify.py): count them,
-        strike the workers that made them; returns those workers."""
-        ...
-
-    def timings(self) -> dict[str, Any]:
-        """Measurements for the run summary (T_train, T_bcast, idle time, ...)."""
+    def advance(self, report: StepReport) -> None:
+        """The learner finished a step: evict what is now too stale, and publish `report.snapshot()`
+        when the source's rule says (every `learner.publish_every` versions; every version under
+        `rollout.lag`)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must keep: the prompt cursor, buffered records, prompts still owed."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what `state_dict` kept (before `start`)."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> dict[str, Any]:
+        """Stop serving; returns the source's measurements for the run summary (T_train, T_bcast,
+        idle time, ...; none for the in-process source, whose figures are the metrics rows')."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,12 +90,20 @@ def make_source(
     vocab_size: int,
     run_dir: Path,
     tokenizer=None,
+    time_train_step: Callable[[], float] | None = None,
 ) -> RolloutSource:
-    """The rollout source `spec` names, filling `buffer`. `engine` generates for the in-process
-    source; a remote source serves a coordinator (listening when this returns)."""
+    """The rollout source `spec` names, filling `buffer`; nothing runs and nothing is written
+    before its `start`. `engine` generates for the in-process source; `time_train_step` times one
+    learner step for a scheduler that needs T_train before the first step (learning/calibrate.py;
+    not under torchrun, where a step takes every rank)."""
     if not spec.remote and spec.fleet is None:
         return LocalRollout(
-            engine=engine, task=task, buffer=buffer, config=config.rollout, seed=config.run.seed
+            engine=engine,
+            task=task,
+            buffer=buffer,
+            config=config.rollout,
+            seed=config.run.seed,
+            publish_every=config.learner.publish_every,
         )
     if config.rollout.lag:
         raise ConfigError("rollout.lag: only the in-process loop (no workers) generates with a fixed lag")
@@ -109,7 +111,7 @@ def make_source(
 
     on_start = [hook for hook in (spec.fleet and spec.fleet.start, spec.on_ready) if hook]
     return RemoteRollout(
-        config=config,
+        config,
         task=task,
         buffer=buffer,
         vocab_size=vocab_size,
@@ -117,4 +119,5 @@ def make_source(
         provider=spec.fleet if config.scheduler.provider in ("local", "skypilot") else None,
         run_dir=run_dir,
         on_start=on_start,
+        time_train_step=time_train_step if distributed.world_size() == 1 else None,
     )
