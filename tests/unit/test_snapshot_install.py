@@ -16,7 +16,7 @@ from echo2.broadcast.chunks import SnapshotBytes, make_manifest, public_key_hex,
 from echo2.broadcast.relay import ChunkStore
 from echo2.control.protocol import Route
 from echo2.records import LORA_A, LORA_B, Snapshot
-from echo2.rollout.broadcast_client import BroadcastClient
+from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.safetensors_view import SafetensorsView
 from echo2.rollout.vllm_engine import VLLMEngine
 from echo2.rollout.vllm_ext import (
@@ -58,9 +58,8 @@ def test_fetch_hands_over_the_stores_verified_chunks_not_a_joined_copy():
         async def route(self, req):
             return Route(version=req.version, parent_id=None, url=None)
 
-    client = BroadcastClient(
-        Coordinator(), "w1", store, public_key=public_key_hex(Ed25519PrivateKey.generate())
-    )
+    key = public_key_hex(Ed25519PrivateKey.generate())
+    client = BroadcastClient(Coordinator(), store, Receiving(), worker_id="w1", public_key=key)
     got = asyncio.run(client.fetch(version))
     assert isinstance(got, SnapshotBytes) and len(got) == len(data)
     held = store.chunks[version]

@@ -20,8 +20,8 @@ API, all coroutines run in one event loop::
     # register: POST {coordinator}/v1/register {"name", "inbound": true, "relay_port": relay.port}
     #   -> worker_id, public_key (hex), run["broadcast"]["progress_timeout_s"]
     coordinator = await CoordinatorClient.create(coordinator_url, TOKEN)   # control/client.py
-    client = BroadcastClient(coordinator, worker_id, store, public_key=public_key,
-                             download_bucket=None, progress_timeout=10.0)
+    client = BroadcastClient(coordinator, store, Receiving(progress_timeout=10.0),
+                             worker_id=worker_id, public_key=public_key)
     v = await client.wait_published(after=-1)      # long poll: the newest published version
     data = await client.fetch(v)                    # SnapshotBytes: its chunks, every one verified
     await client.report_installed(v, data)          # once the snapshot is installed (T_bcast)

@@ -21,15 +21,15 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from echo2.aio import sleep_unless, unless
-from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, manifest_of
 from echo2.broadcast.meter import ParentFailed, RelayMeter
-from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore
+from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore, mbit
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
 from echo2.control.client import CoordinatorClient
 from echo2.control.errors import NoSnapshot, Refused
@@ -42,34 +42,51 @@ class BroadcastError(Exception):
     """A version could not be received (no longer kept by the learner, or too many failures)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receiving:
+    """How a worker receives snapshots: the run's `broadcast` section as the registration reply
+    carries it, with this worker's own download cap (`Receiving.of`)."""
+
+    progress_timeout: float = 10.0
+    """Seconds one read from the parent may wait (keep-alives come well within it)."""
+    min_rate_bps: float = 0.0
+    """A relay delivering a chunk slower than this (bytes/s) is reported stalled; 0: no floor."""
+    download_mbps: float | None = None
+    """Cap on what this worker receives, Mbit/s; None: uncapped."""
+    max_failures: int = 20
+    """Parents one version may go through before `fetch` gives up."""
+
+    @classmethod
+    def of(cls, broadcast: dict[str, Any], *, download_mbps: float | None = None) -> Receiving:
+        """From the run's `broadcast` section; a `download_mbps` given overrides the run's cap."""
+        return cls(
+            progress_timeout=broadcast.get("progress_timeout_s", 10.0),
+            min_rate_bps=(broadcast.get("min_relay_mbps") or 0.0) * 1e6 / 8,
+            download_mbps=download_mbps
+            if download_mbps is not None
+            else broadcast.get("worker_download_mbps"),
+        )
+
+
 class BroadcastClient:
     """Receives snapshots for one registered worker: route, stream, verify, store, report.
 
     `worker_id` and `public_key` are plain attributes (a worker that registers again updates
-    them). `download_bucket` caps what this worker receives. `max_failures` bounds the parents
-    one version may go through before `fetch` gives up."""
+    them)."""
 
     def __init__(
         self,
         coordinator: CoordinatorClient,
-        worker_id: str,
         store: ChunkStore,
+        receiving: Receiving,
         *,
+        worker_id: str,
         public_key: str,
-        download_bucket: TokenBucket | None = None,
-        progress_timeout: float = 10.0,
-        max_failures: int = 20,
-        min_rate_bps: float = 0.0,
     ) -> None:
-        self.coordinator = coordinator
-        self.worker_id = worker_id
-        self.store = store
-        self.public_key = public_key
-        self.download_bucket = download_bucket
-        self.progress_timeout = progress_timeout
-        self.max_failures = max_failures
-        self.min_rate_bps = min_rate_bps
-        """A relay delivering a chunk slower than this (bytes/s) is reported stalled; 0: no floor."""
+        self.coordinator, self.store, self.receiving = coordinator, store, receiving
+        self.worker_id, self.public_key = worker_id, public_key
+        self.progress_timeout = receiving.progress_timeout
+        self.download_bucket = mbit(receiving.download_mbps)
         self._newest = -1
         self._rewind = asyncio.Event()
         self.transfers: dict[int, list[dict[str, Any]]] = {}
@@ -152,7 +169,7 @@ class BroadcastClient:
                 self.failures.append((version, route.parent_id, failed.reason))
                 parent = route.parent_id or "learner"
                 logger.info("version %d: parent %s failed (%s)", version, parent, failed)
-                if failures > self.max_failures:
+                if failures > self.receiving.max_failures:
                     raise BroadcastError(f"version {version}: {failures} parents failed") from failed
                 if route.parent_id is None:  # the learner itself: do not hammer it
                     await asyncio.sleep(self.coordinator.retry.delay(failures))
@@ -184,11 +201,11 @@ class BroadcastClient:
         started, received = time.monotonic(), 0
         meter = (
             RelayMeter(
-                stall_bps=self.min_rate_bps,
+                stall_bps=self.receiving.min_rate_bps,
                 slow_bps=route.min_rate_bps or 0.0,
                 window_s=self.progress_timeout,
             )
-            if relay and (self.min_rate_bps or route.min_rate_bps)
+            if relay and (self.receiving.min_rate_bps or route.min_rate_bps)
             else None
         )
         # Only the learner gets our credential; a relay is told who we are (for its own account of

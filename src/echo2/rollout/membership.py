@@ -29,7 +29,7 @@ from echo2.control import identity
 from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
 from echo2.control.errors import Forbidden, Refused, Released, RunFinished, UnknownWorker
 from echo2.control.protocol import HeartbeatRequest, RegisterRequest, RegisterResponse, SentRequest
-from echo2.rollout.broadcast_client import BroadcastClient
+from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.worker_config import KeyChanged, PeerConfig, RelayStartError
 
 logger = logging.getLogger(__name__)
@@ -159,19 +159,13 @@ class Membership:
         """The BroadcastClient, and the relay's caps, from the first registration reply (the run's
         `broadcast` section, the learner's public key); the flags override the run's caps."""
         bc, c = reply.run.get("broadcast", {}), self.config
-        up = c.upload_mbps if c.upload_mbps is not None else bc.get("worker_upload_mbps")
-        down = c.download_mbps if c.download_mbps is not None else bc.get("worker_download_mbps")
-        progress_timeout = bc.get("progress_timeout_s", 10.0)
-        self.relay.upload_bucket = mbit(up)
-        self.relay.keepalive_s = progress_timeout / 4  # well within a receiver's timeout
+        receiving = Receiving.of(bc, download_mbps=c.download_mbps)
+        self.relay.upload_bucket = mbit(
+            c.upload_mbps if c.upload_mbps is not None else bc.get("worker_upload_mbps")
+        )
+        self.relay.keepalive_s = receiving.progress_timeout / 4  # well within a receiver's timeout
         return BroadcastClient(
-            self.coordinator,
-            reply.worker_id,
-            self.store,
-            public_key=reply.public_key,
-            download_bucket=mbit(down),
-            progress_timeout=progress_timeout,
-            min_rate_bps=(bc.get("min_relay_mbps") or 0.0) * 1e6 / 8,
+            self.coordinator, self.store, receiving, worker_id=reply.worker_id, public_key=reply.public_key
         )
 
     def _check_key(self, public_key: str) -> None:
