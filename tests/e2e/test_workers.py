@@ -155,8 +155,8 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     assert "status" in seen, "GET /status reported the killed worker lost while the run went on"
     assert survivors_alive == ["local-1", "local-2"]
     st = seen["source"].state
-    assert st.reissued >= 1, "the dead worker's lease went back to the queue"
-    assert st.accepted == len(st.buffer._seen), "every accepted record was stored exactly once"
+    assert st.intake.ingestion.reissued >= 1, "the dead worker's lease went back to the queue"
+    assert st.intake.ingestion.accepted == len(st.intake.buffer._seen), "every accepted record was stored exactly once"
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 40
 
@@ -216,13 +216,13 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
 
         def outage() -> None:
             st, deadline = source.state, time.monotonic() + 120
-            while st.accepted < 16 and time.monotonic() < deadline:
+            while st.intake.ingestion.accepted < 16 and time.monotonic() < deadline:
                 time.sleep(0.05)
             host, port = source.url.removeprefix("http://").split(":")
             source.coordinator.stop()
-            seen["accepted_before"] = st.accepted
+            seen["accepted_before"] = st.intake.ingestion.accepted
             time.sleep(2.0)
-            seen["accepted_during"] = st.accepted
+            seen["accepted_during"] = st.intake.ingestion.accepted
             source.coordinator.start(host, int(port))
             seen["restarted"] = True
 
@@ -232,10 +232,10 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
     assert seen.get("restarted") and summary["steps"] == 30
     assert seen["accepted_during"] == seen["accepted_before"], "nothing arrives while the server is down"
     st = seen["source"].state
-    assert st.accepted > seen["accepted_before"], "workers carried on after the restart"
+    assert st.intake.ingestion.accepted > seen["accepted_before"], "workers carried on after the restart"
     consumed = 30 * config.rollout.prompts_per_step * config.rollout.group_size
-    assert st.accepted == consumed + len(st.buffer) + st.buffer.rejected["stale"]
-    assert st.accepted == len(st.buffer._seen), "no record stored twice"
+    assert st.intake.ingestion.accepted == consumed + len(st.intake.buffer) + st.intake.buffer.rejected["stale"]
+    assert st.intake.ingestion.accepted == len(st.intake.buffer._seen), "no record stored twice"
 
 
 def test_worker_reregisters_when_the_learner_restarts(tmp_path):
