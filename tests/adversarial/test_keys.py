@@ -68,6 +68,9 @@ def test_a_key_swapped_at_re_registration_stops_the_worker():
             state.publisher.publish(0, real, keep=2)
             await until(lambda: 0 in peer.installed, "the real version 0")
             assert peer.installed[0] == hashlib.sha256(real).hexdigest()
+            # the install report first: a report refused by the proxy would use up the one refusal
+            # that makes the worker register again (heartbeats would then pass through)
+            await until(lambda: 0 in state.publisher.t_bcast_all, "the install report of version 0")
             proxy.swap = True  # from now on: the proxy's key, manifests and chunks
             await until(lambda: task.done() or peer.member.reregistered >= 1, "a re-registration")
             await asyncio.sleep(0.5)
