@@ -37,7 +37,7 @@ from echo2.learning.step import train_step
 from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.preflight import removed_on_failure
-from echo2.records import Snapshot, StepReport
+from echo2.records import Snapshot, StepReport, Trajectory
 from echo2.rollout.collect import evaluate
 from echo2.rollout.engines import learner_engine
 from echo2.rollout.episodes import episode_stats
@@ -63,6 +63,43 @@ def evaluate_now(engine, model, version: int, task, prompts, config: Config) -> 
     if engine.version != version:
         engine.install(make_snapshot(model, version, config.learner))
     return evaluate(engine, task, prompts, batch_size=config.run.eval_batch_size)
+
+
+def metrics_row(
+    *,
+    step: int,
+    version: int,
+    groups: list[list[Trajectory]],
+    staleness: list[int],
+    histogram: dict[int, int],
+    stats: dict[str, float],
+    rollout_stats: dict[str, float],
+    rejected_stale: int,
+    t_step: float,
+    t_train: float,
+) -> dict[str, float]:
+    """A step's row of metrics.jsonl: rewards, `train_step`'s `stats`, staleness (the step's and
+    the run's cumulative `histogram`), records the buffer evicted as stale so far, step and train
+    time, the source's rollout figures and the groups' learning signal."""
+    records = [r for g in groups for r in g]
+    return {
+        "step": step,
+        "version": version,
+        "reward/mean": statistics.fmean(r.reward for r in records),
+        "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
+        "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
+        **episode_stats(records),  # multi-turn tasks: malformed actions, turns, outcome
+        **stats,
+        "staleness/mean": statistics.fmean(staleness),
+        "staleness/max": float(max(staleness)),
+        **{f"staleness/count_{k}": float(v) for k, v in sorted(histogram.items())},
+        "buffer/rejected_stale": float(rejected_stale),
+        "time/step": t_step,
+        "time/train": t_train,
+        **rollout_stats,
+        **signal_stats(groups),
+        "throughput/train_tokens_per_s": stats["train/tokens"] / max(t_train, 1e-9),
+    }
 
 
 def run(
@@ -205,24 +242,18 @@ def run(
                 )
             )
 
-            rollout_stats |= signal_stats(groups)
-            row = {
-                "step": step,
-                "version": state.version,
-                "reward/mean": statistics.fmean(r.reward for r in records),
-                "reward/accuracy": statistics.fmean(float(r.metadata.get("correct", False)) for r in records),
-                "response/tokens_mean": statistics.fmean(len(r.response_ids) for r in records),
-                **episode_stats(records),  # multi-turn tasks: malformed actions, turns, outcome
-                **stats,
-                "staleness/mean": statistics.fmean(staleness),
-                "staleness/max": float(max(staleness)),
-                **{f"staleness/count_{k}": float(v) for k, v in sorted(state.staleness.items())},
-                "buffer/rejected_stale": float(buffer.rejected["stale"]),
-                "time/step": t2 - t0,
-                "time/train": t2 - t1,
-                **rollout_stats,
-                "throughput/train_tokens_per_s": stats["train/tokens"] / max(t2 - t1, 1e-9),
-            }
+            row = metrics_row(
+                step=step,
+                version=state.version,
+                groups=groups,
+                staleness=staleness,
+                histogram=state.staleness,
+                stats=stats,
+                rollout_stats=rollout_stats,
+                rejected_stale=buffer.rejected["stale"],
+                t_step=t2 - t0,
+                t_train=t2 - t1,
+            )
             if config.run.eval_every and eval_prompts and state.step % config.run.eval_every == 0:
                 row |= evaluate_now(engine, model, state.version, task, eval_prompts, config)
             metrics.write(row)
