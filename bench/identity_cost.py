@@ -1,7 +1,7 @@
 """Benchmark: what two of issue 12's defences cost in the coordinator's own code, in process.
 
-- ingestion (`CoordinatorState.ingest`) per record, without and with the accepted-records journal
-  (control/journal.py): batches of 8 records of 31 prompt and 16 response tokens, one lease each;
+- ingestion (`Intake.ingest`, the state's intake) per record, without and with the accepted-records
+  journal (control/journal.py): batches of 8 records of 31 prompt and 16 response tokens, one lease each;
 - one credential check (`CoordinatorState.authenticate`).
 
 Median of R repeats; prints one line per figure (and `--json PATH` writes them).
