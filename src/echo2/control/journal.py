@@ -240,24 +240,27 @@ def _position(f, offset: int, key: bytes | None) -> tuple[int, int | None]:
     return number, entry["seq"] + 1 if isinstance(entry, dict) else None
 
 
+def _line_start(f, end: int) -> int:
+    """Where the line holding the byte before `end` starts: just past the newline before it, or 0."""
+    at = end
+    while at > 0:
+        step = min(65536, at)
+        f.seek(at - step)
+        nl = f.read(step).rfind(b"\n")
+        if nl >= 0:
+            return at - step + nl + 1
+        at -= step
+    return 0
+
+
 def _line_ending_at(f, end: int) -> bytes | None:
     """The line whose newline is the byte before `end` (without it), or None."""
     f.seek(end - 1)
     if f.read(1) != b"\n":
         return None
-    parts: list[bytes] = []
-    at = end - 1
-    while at > 0:
-        step = min(65536, at)
-        f.seek(at - step)
-        block = f.read(step)
-        nl = block.rfind(b"\n")
-        if nl >= 0:
-            parts.append(block[nl + 1 :])
-            break
-        parts.append(block)
-        at -= step
-    return b"".join(reversed(parts))
+    start = _line_start(f, end - 1)
+    f.seek(start)
+    return f.read(end - 1 - start)
 
 
 def _next_seq(path: Path, key: bytes) -> int:
@@ -289,16 +292,7 @@ def _cut_torn_tail(path: Path) -> None:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return
-        at = size
-        while at > 0:
-            step = min(65536, at)
-            f.seek(at - step)
-            block = f.read(step)
-            nl = block.rfind(b"\n")
-            if nl >= 0:
-                at = at - step + nl + 1
-                break
-            at -= step
+        at = _line_start(f, size)
         logger.warning("%s: cutting a torn last line (%d bytes)", path, size - at)
         f.truncate(at)
 
