@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from echo2.config import Config, LearnerConfig, dump_toml
+from echo2.config import Config, EnvTaskConfig, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
 from echo2.export import save_merged, write_hf_files
@@ -116,6 +116,8 @@ def run(
     config = resolved(config)  # learner.dtype "auto" etc. -> this machine's values, as config.toml says
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     lcfg, rcfg = config.learner, config.rollout
+    # how advantages are normalised: the task config's word (env tasks may say "batch"), never a record's
+    grouping = config.task.grouping if isinstance(config.task, EnvTaskConfig) else "state"
     if distributed.start(resolve_device(lcfg)) > 0:  # torchrun: ranks > 0 obey rank 0, write nothing
         return build.follow(config)
 
@@ -217,7 +219,7 @@ def run(
                 ref_model=ref_model,
                 staleness=staleness,
                 check=check,
-                grouping=getattr(config.task, "grouping", "state"),  # never a record's metadata
+                grouping=grouping,
             )
             if check.refused:
                 logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
