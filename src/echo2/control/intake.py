@@ -5,8 +5,10 @@ Owns the lease book and the buffer hand-off (leases.py: `Leases`, pure), the str
 (integrity.py), the referee that checks each record against its task, the accepted-records journal,
 and the lease sizing figures (the active pool's throughput). A push is handled under one acquisition
 of the lock, with one lease check: the batch is screened by the lease's rules (the referee decodes
-token ids, and one outside the vocabulary makes a tokenizer raise), checked by the referee, stored
-whole or not at all, journaled before the acknowledgement, and a refusal earns its worker a strike.
+token ids, and one outside the vocabulary makes a tokenizer raise), checked by the referee,
+journaled, then stored whole, and a refusal earns its worker a strike. A push is acknowledged only
+once its journal line is written; a journal write that fails raises (the client gets a 500 and
+retries) and nothing is stored, so the retry is not taken for a duplicate.
 The referee runs inside the lock, so a lease cannot expire between its check and the store; the
 learner thread waits at most one batch's check. Knows no HTTP and no snapshot broadcast.
 """
@@ -29,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 Journal = Callable[[list[Trajectory], dict[str, int]], None]
 """Called under the lock with the records of every accepted batch and the prompt index of each of
-their groups, before the acknowledgement (control/journal.py: the log a resumed learner replays)."""
+their groups, before they are stored (control/journal.py: the log a resumed learner replays); one
+that raises leaves the batch unstored and unacknowledged."""
 
 
 class Intake:
@@ -158,9 +161,9 @@ class Intake:
                 if problem is not None:
                     self._refuse(worker_id, problem.reason, len(records))
                     raise InvalidBatch(problem.reason, problem.detail)
-            stored = self.ingestion.store(worker_id, lease, fresh, now=now)
-            if self.journal is not None:  # all fresh records were stored
+            if self.journal is not None:  # durable first: a failed write raises (500), nothing stored
                 self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
+            stored = self.ingestion.store(worker_id, lease, fresh, now=now)
             self.integrity.stored(worker_id, {r.group_id for r in records})
             self.shared.ready.notify_all()
             return {"accepted": stored, "duplicates": len(records) - len(fresh)}

@@ -1,7 +1,8 @@
 """The accepted-records journal: RUN_DIR/accepted.jsonl, so a learner crash loses no accepted record.
 
 Owns the file, its line format and its key; knows nothing of HTTP or training. One JSON object a
-line, appended and flushed before the batch is acknowledged (a killed process loses nothing flushed;
+line, written whole (unbuffered) before the batch is acknowledged, or cut back and the failure
+raised, so that a push whose line failed is stored nowhere (a killed process loses nothing written;
 `sync` fsyncs, at every checkpoint). Every line carries `seq`, one more than the line before it
 (across restarts), and ends with `mac`: HMAC-SHA256, keyed by the run's secret RUN_DIR/journal.key
 (32 random bytes, mode 0600, made with the journal), of the line's bytes before it. A line the
@@ -106,8 +107,9 @@ class Journal:
         self._key = journal_key(path.with_name(KEY_NAME), create=True)
         _cut_torn_tail(path)
         self._seq = _next_seq(path, self._key)
-        self._file = path.open("ab")
-        self._end = 0
+        self._file = path.open("ab", buffering=0)  # one write per line: nothing left in a buffer
+        self._end = self._file.seek(0, os.SEEK_END)
+        """Bytes of whole lines written: a failed write is cut back to it."""
         self._lock = threading.Lock()
         self._write({"start": epoch, "t": time.time()})
 
@@ -123,7 +125,7 @@ class Journal:
     def offset(self) -> int:
         """Bytes written so far (every line before it is flushed); final once closed."""
         with self._lock:
-            return self._end if self._file.closed else self._file.tell()
+            return self._end
 
     def sync(self) -> None:
         with self._lock:
@@ -134,16 +136,24 @@ class Journal:
         """Idempotent; the learner's last checkpoint may still ask for the offset."""
         with self._lock:
             if not self._file.closed:
-                self._end = self._file.tell()
                 os.fsync(self._file.fileno())
                 self._file.close()
 
     def _write(self, line: dict) -> None:
+        """Append one signed line, whole or not at all: a write that fails (a full disk) is cut
+        back to the last whole line and raised, and the next line takes the same `seq`, so the
+        caller may undo what it journalled (intake.py acknowledges a push only after this)."""
         with self._lock:
             line["seq"] = self._seq
-            data = _sign(self._key, _encode(line))  # msgspec: about 10x json's speed on records' numbers
-            self._file.write(data)
-            self._file.flush()
+            signed = _sign(self._key, _encode(line))  # msgspec: about 10x json's speed on records' numbers
+            try:
+                data = memoryview(signed)
+                while data:
+                    data = data[self._file.write(data) :]
+            except BaseException:
+                os.ftruncate(self._file.fileno(), self._end)
+                raise
+            self._end += len(signed)
             self._seq += 1
 
 
