@@ -43,14 +43,14 @@ class BenchPublisher(Publisher):
         self.reported: list[tuple[str, int, str | None, str, str, float]] = []
         """(worker id, version, parent id, reason, detail, monotonic seconds) of every failure report."""
 
-    def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
+    def route(self, worker_id: str, version: int, **form) -> tuple[str | None, str | None, str]:
         with self.shared.lock:
             self.routed.setdefault((worker_id, version), time.monotonic())
-            return super().route(worker_id, version)
+            return super().route(worker_id, version, **form)
 
     def report_failure(
         self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
-    ) -> tuple[str | None, str | None]:
+    ) -> tuple[str | None, str | None, str]:
         with self.shared.lock:
             self.reported.append((worker_id, version, parent_id, reason, detail[:200], time.monotonic()))
             return super().report_failure(worker_id, version, parent_id, reason, detail)

@@ -421,9 +421,9 @@ def test_a_publisher_subclass_wraps_route_and_report_installed():
     seen: list[tuple[str, int]] = []
 
     class Timed(Publisher):
-        def route(self, worker_id, version):
+        def route(self, worker_id, version, **form):
             seen.append(("route", version))
-            return super().route(worker_id, version)
+            return super().route(worker_id, version, **form)
 
         def report_installed(self, worker_id, version, sha256, transfers):
             seen.append(("installed", version))
@@ -437,7 +437,7 @@ def test_a_publisher_subclass_wraps_route_and_report_installed():
         wid = register(server)
         state.publisher.publish(0, b"v0", keep=2)
         status, route = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 0})
-        assert status == 200 and route == {"version": 0, "parent_id": None, "url": None, "min_rate_bps": None}
+        assert status == 200 and route == {"version": 0, "parent_id": None, "url": None, "min_rate_bps": None, "form": "full"}
         status, got = call(server, "POST", "/v1/broadcast/route", {"worker_id": wid, "version": 5})
         assert (status, got["error"]) == (404, "no_snapshot")
         body = {"worker_id": wid, "version": 0, "sha256": hashlib.sha256(b"v0").hexdigest(), "transfers": []}

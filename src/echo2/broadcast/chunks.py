@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -90,6 +90,15 @@ class Manifest(BaseModel):
     total_size: int = Field(ge=0)
     chunk_size: int = Field(gt=0)
     chunk_sha256: list[str]
+    form: Literal["full", "delta"] = "full"
+    """"full": the chunks are the snapshot. "delta": they are a delta (broadcast/delta.py) that
+    rebuilds it on the snapshot of `base_version`."""
+    base_version: int | None = Field(None, ge=0)
+    """A delta's base version (null for a full snapshot)."""
+    base_sha256: str | None = None
+    """The SHA-256 of the base a delta applies to (null for a full snapshot)."""
+    sha256: str | None = None
+    """For a delta, the full snapshot's SHA-256: the install check of the rebuilt bytes."""
     signature: str = ""
     """Hex Ed25519 signature over `signed_bytes()`; empty before signing."""
 
@@ -101,8 +110,16 @@ class Manifest(BaseModel):
                 f"chunk_sha256 lists {len(self.chunk_sha256)} hashes; "
                 f"total_size {self.total_size} in chunks of {self.chunk_size} makes {expected}"
             )
-        if any(len(h) != 64 or h.strip("0123456789abcdef") for h in self.chunk_sha256):
+        if not all(_is_hex64(h) for h in self.chunk_sha256):
             raise ValueError("chunk_sha256 entries must be 64 lowercase hex digits")
+        delta = (self.base_version, self.base_sha256, self.sha256)
+        if self.form == "full" and delta != (None, None, None):
+            raise ValueError("a full snapshot's manifest names no base_version, base_sha256 or sha256")
+        if self.form == "delta":
+            if self.base_version is None or self.base_version >= self.version:
+                raise ValueError("a delta's base_version must be an older version")
+            if not all(_is_hex64(h) for h in (self.base_sha256, self.sha256)):
+                raise ValueError("a delta's base_sha256 and sha256 must be 64 lowercase hex digits")
         return self
 
     @property
@@ -133,16 +150,22 @@ class Manifest(BaseModel):
             raise VerificationError(f"malformed manifest: {e}") from e
 
 
+def _is_hex64(h: str | None) -> bool:
+    return isinstance(h, str) and len(h) == 64 and not h.strip("0123456789abcdef")
+
+
 def make_manifest(
-    version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey
+    version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey, **delta: Any
 ) -> tuple[Manifest, list[bytes]]:
-    """Split `data`, hash every chunk and sign the manifest with the learner's key."""
+    """Split `data`, hash every chunk and sign the manifest with the learner's key. For a delta,
+    `delta` gives form="delta", base_version, base_sha256 and sha256 (the full snapshot's)."""
     chunks = split(data, chunk_size)
     unsigned = Manifest(
         version=version,
         total_size=len(data),
         chunk_size=chunk_size,
         chunk_sha256=[sha256_hex(c) for c in chunks],
+        **delta,
     )
     signature = key.sign(unsigned.signed_bytes()).hex()
     return unsigned.model_copy(update={"signature": signature}), chunks
@@ -219,8 +242,9 @@ def load_public_key(hex_key: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
-def manifest_of(data: Any, version: int, public_key: str) -> Manifest:
-    """The manifest of `version`, its shape and its signature checked (VerificationError if not)."""
+def manifest_of(data: Any, version: int, public_key: str, form: str = "full") -> Manifest:
+    """The manifest of `version` in `form`, its shape and its signature checked (VerificationError
+    if not)."""
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as e:
@@ -228,4 +252,6 @@ def manifest_of(data: Any, version: int, public_key: str) -> Manifest:
     verify_manifest(manifest, public_key)
     if manifest.version != version:
         raise VerificationError(f"asked for version {version}, got a manifest for {manifest.version}")
+    if manifest.form != form:
+        raise VerificationError(f"asked for the {form} form of version {version}, got a {manifest.form} one")
     return manifest

@@ -84,6 +84,8 @@ class ChunkStore:
         self.keep = keep
         self.manifests: dict[int, Manifest] = {}
         self.chunks: dict[int, dict[int, bytes]] = {}
+        self.skipped: set[int] = set()
+        """Versions this store will not hold (the worker receives them in the other form)."""
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -94,6 +96,7 @@ class ChunkStore:
         """Hold chunks of this (verified) manifest's version; drop versions beyond the newest `keep`."""
         if manifest.version in self.manifests:
             return
+        self.skipped.discard(manifest.version)
         self.manifests[manifest.version] = manifest
         self.chunks[manifest.version] = {}
         for v in sorted(self.manifests)[: -self.keep]:
@@ -104,10 +107,32 @@ class ChunkStore:
         """Forget every version (the learner restarted: numbers may now name other snapshots)."""
         self.manifests.clear()
         self.chunks.clear()
+        self.skipped.clear()
+        self._notify()
+
+    def skip(self, version: int) -> None:
+        """This version will not be held here (the worker takes it in the other form; chunks of it
+        held half-way are dropped, complete ones kept): a relay stream waiting for it ends at once
+        with "gone", so the child is re-routed without blame."""
+        if version in self.manifests and not self.complete(version):  # abandoned half-way
+            del self.manifests[version], self.chunks[version]
+        if version not in self.manifests:
+            self.skipped.add(version)
+            for v in sorted(self.skipped)[: -4 * self.keep]:
+                self.skipped.discard(v)
+            self._notify()
+
+    def forget_older(self, version: int) -> None:
+        """Drop every version older than `version` (held in the other form now, so these copies
+        are no base any more)."""
+        for v in [v for v in self.manifests if v < version]:
+            del self.manifests[v], self.chunks[v]
         self._notify()
 
     def dropped(self, version: int) -> bool:
-        """Whether this version is older than everything held (it will never be held again)."""
+        """Whether this version will never be held here (older than everything held, or skipped)."""
+        if version in self.skipped:
+            return True
         return bool(self.manifests) and version not in self.manifests and version < min(self.manifests)
 
     def put(self, version: int, index: int, data: bytes) -> bool:
@@ -170,7 +195,8 @@ class ChunkStore:
 
 # ---------------------------------------------------------------------------- relay server
 class RelayServer:
-    """Serves `GET /v1/chunks/{version}?from=K[&to=J][&child=ID]` from a ChunkStore: chunks already
+    """Serves `GET /v1/chunks/{version}?from=K[&to=J][&child=ID][&form=delta]` from a ChunkStore
+    (the full snapshots', or with `form=delta` the deltas'): chunks already
     held at once, the others as soon as they arrive (keep-alives meanwhile), paced by
     `upload_bucket`. No credential is asked: what it serves is verified by the receiver.
 
@@ -183,10 +209,13 @@ class RelayServer:
         store: ChunkStore,
         upload_bucket: TokenBucket | None = None,
         *,
+        deltas: ChunkStore | None = None,
         keepalive_s: float = 1.0,
         write_timeout_s: float = 60.0,
     ) -> None:
         self.store = store
+        self.deltas = deltas
+        """Verified chunks of delta snapshots (served for `?form=delta`); None: it serves none."""
         self.upload_bucket = upload_bucket
         self.on_sent: Callable[[int, str, int, float], None] | None = None
         self.keepalive_s = keepalive_s
@@ -221,9 +250,12 @@ class RelayServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def chunk(self, version: int, index: int, wait: float) -> bytes | None:
-        """The next chunk a stream sends: from the store, within `wait` seconds (None: not yet)."""
-        data = await self.store.wait_chunk(version, index, wait)
+    async def chunk(
+        self, version: int, index: int, wait: float, store: ChunkStore | None = None
+    ) -> bytes | None:
+        """The next chunk a stream sends: from the store (the full snapshots' unless given),
+        within `wait` seconds (None: not yet)."""
+        data = await (store or self.store).wait_chunk(version, index, wait)
         if data is not None:
             self.bytes_sent += len(data)
         return data
@@ -235,15 +267,20 @@ class RelayServer:
             child = request.query.get("child")
             if child is not None and not CHILD_ID.fullmatch(child):
                 raise ValueError("child must be a worker id")
+            form = request.query.get("form", "full")
+            if form not in ("full", "delta"):
+                raise ValueError("form must be full or delta")
         except (ValueError, BadRange) as e:
             return web.json_response({"error": "malformed", "detail": str(e)}, status=400)
-        if self.store.dropped(version):
+        # a relay forwards the chunks it verified, whatever their form, from that form's store
+        store = self.store if form == "full" else self.deltas
+        if store is None or store.dropped(version):
             return web.json_response(
                 {"error": "not_held", "detail": f"version {version} is no longer held here"}, status=404
             )
 
         def end() -> int | None:
-            manifest = self.store.manifests.get(version)
+            manifest = store.manifests.get(version)
             if manifest is None:
                 return None  # not receiving this version yet: keep-alives until it starts
             return manifest.num_chunks if to is None else min(to, manifest.num_chunks)
@@ -252,7 +289,12 @@ class RelayServer:
 
         async def get_chunk(index: int, wait: float) -> bytes | None:
             nonlocal sent
-            data = await self.chunk(version, index, wait)
+            # (fault-injecting subclasses override `chunk(version, index, wait)`)
+            data = await (
+                self.chunk(version, index, wait)
+                if store is self.store
+                else self.chunk(version, index, wait, store)
+            )
             sent += len(data) if data is not None else 0
             return data
 

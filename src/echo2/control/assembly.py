@@ -79,6 +79,7 @@ def coordinator_state(
             uplink_budget_bps=bytes_per_s(bc.uplink_budget_mbps or bc.uplink_mbps),
             worker_bps=bc.worker_mbps * 1e6 / 8,
             slow_relay_fraction=bc.slow_relay_fraction,
+            delta=bc.delta,
         ),
         signing_key=signing_key,
         journal=journal,

@@ -79,6 +79,9 @@ class BroadcastPolicy:
     """Bw_hat in bytes/s until transfers are measured."""
     slow_relay_fraction: float = SLOW_RELAY_FRACTION
     """A relay delivering below this fraction of its peers' measured rate is demoted; 0: never."""
+    delta: bool = False
+    """Publish, beside each snapshot, a delta from the previous one (control/publisher.py);
+    runs take `broadcast.delta` (on by default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -281,10 +281,12 @@ class CoordinatorClient:
         )
         return Published.model_validate(reply).version
 
-    async def manifest(self, version: int) -> dict[str, Any]:
-        """The signed manifest of `version` as sent: the receiver parses it with `manifest_of`
-        (broadcast/chunks.py), which tells a malformed or forged manifest from a refusal."""
-        return await self.call("GET", f"{API}/manifest/{version}")
+    async def manifest(self, version: int, form: str = "full") -> dict[str, Any]:
+        """The signed manifest of `version` (in `form`: "full" or "delta") as sent: the receiver
+        parses it with `manifest_of` (broadcast/chunks.py), which tells a malformed or forged
+        manifest from a refusal."""
+        params = {"form": form} if form != "full" else None
+        return await self.call("GET", f"{API}/manifest/{version}", params=params)
 
     async def route(self, req: RouteRequest) -> Route:
         return Route.model_validate(await self.call("POST", f"{API}/broadcast/route", req))

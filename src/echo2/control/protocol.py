@@ -170,6 +170,10 @@ class Published(_Wire):
 class RouteRequest(_Wire):
     worker_id: Id
     version: int = Field(ge=0)
+    base: int | None = Field(None, ge=0)
+    """The version whose bytes the worker holds (its installed one): a delta from it may do."""
+    full: bool = False
+    """Ask for the full snapshot (a delta failed to apply or verify)."""
 
 
 FailureReason = Literal["unreachable", "stalled", "slow", "bad_chunk", "refused", "incomplete", "gone"]
@@ -197,6 +201,9 @@ class Route(_Wire):
     min_rate_bps: float | None = None
     """The relay floor: chunks from this parent arriving slower (bytes/s, over a progress timeout
     of reading) are reported "slow"; null: no floor (the learner, or not measured yet)."""
+    form: Literal["full", "delta"] = "full"
+    """What to receive: the full snapshot, or the delta from the worker's `base` (chunks and
+    manifest with `?form=delta`)."""
 
 
 class Transfer(_Wire):

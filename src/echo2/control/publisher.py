@@ -6,6 +6,17 @@ Owns the signing key, the kept snapshots and their broadcast bookkeeping (`Broad
 control/broadcast.py, pure: chain plans, peer scores, install times, T_bcast), the number of
 versions kept, and the listeners woken after each publication. The live peers come from the
 registry. A snapshot is cut, hashed and signed outside the lock. Knows no HTTP and no leases.
+
+**Deltas** (`BroadcastPolicy.delta`, issue 24). Beside each snapshot it publishes, when smaller, a
+delta from the previous published version (broadcast/delta.py), chunked and signed like a full
+snapshot; its manifest says form "delta", the base's version and SHA-256, and the full snapshot's
+SHA-256 (the install check). The base's bytes are the previous kept snapshot's (kept anyway, S + 1
+versions), so keeping deltas costs the learner only their own bytes; a delta goes with its version.
+Each worker is told its form on its route: the delta if the version it holds (`RouteRequest.base`)
+is the delta's base, else (new, behind by more than one publication, or a delta that failed to
+apply or verify: `full`) the full snapshot. The chains carry the delta: a worker receiving the full
+snapshot of a version that has a delta is taken out of that version's chains (its children
+reattach upstream) and fed by the learner, so no relay is asked for a form it does not hold.
 """
 
 from __future__ import annotations
@@ -15,7 +26,8 @@ from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.broadcast.chunks import public_key_hex
+from echo2.broadcast import delta as codec
+from echo2.broadcast.chunks import make_manifest, public_key_hex, sha256_hex
 from echo2.control.broadcast import (
     BroadcastPolicy,
     BroadcastState,
@@ -54,6 +66,13 @@ class Publisher:
         """Snapshot versions kept (S + 1; set by the learner at each publication)."""
         self.listeners: list[Callable[[], None]] = []
         """Called (from the publishing thread, outside the lock) after each publication and at close."""
+        self.deltas: dict[int, SnapshotBlob] = {}
+        """Per kept version, its delta from the previous published version (when one was smaller)."""
+        self.forms: dict[int, dict[str, str]] = {}
+        """Per version with a delta, the form each worker routed for it receives."""
+        self.delta_stats = {"published": 0, "skipped": 0, "bytes": 0, "full_bytes": 0}
+        """Deltas published, skipped (no base, not smaller, unreadable), their bytes and the full
+        snapshots' bytes of the same versions."""
 
     @property
     def t_bcast(self) -> dict[int, float]:
@@ -71,38 +90,114 @@ class Publisher:
         scores, and keep it with the newest `keep` (S + 1) versions."""
         blob = make_blob(version, data, self.bcast.policy.chunk_size, self.signing_key)
         with self.shared.lock:
+            base = self.bcast.snapshots.get(max(self.bcast.snapshots, default=-1))
+        delta = self._delta(base, blob) if self.bcast.policy.delta and base is not None else None
+        with self.shared.lock:
             self.keep = keep
             self.shared.published_version = version
+            if delta is not None:
+                self.deltas[version] = delta
+                self.forms[version] = {}
             self.bcast.publish(blob, self.registry.peers(), self.shared.clock(), keep=keep)
+            self._prune()
             self.shared.ready.notify_all()
         self.wake()
-        logger.info("version published: %d (%.1f MB)", version, len(data) / 1e6)
+        logger.info(
+            "version published: %d (%.1f MB%s)",
+            version,
+            len(data) / 1e6,
+            f"; delta from {base.version}: {len(delta.data) / 1e6:.2f} MB" if delta is not None else "",
+        )
         return blob
+
+    def _delta(self, base: SnapshotBlob, blob: SnapshotBlob) -> SnapshotBlob | None:
+        """The delta from `base` to `blob`, signed (outside the lock); None where it is no smaller
+        or a snapshot is not safetensors (then workers receive the full one, as without deltas)."""
+        if base.version >= blob.version:
+            return None
+        try:
+            data = codec.encode(base.data, blob.data, base_version=base.version, version=blob.version)
+        except ValueError as e:  # not safetensors bytes (tools and tests publishing raw bytes)
+            logger.warning("version %d: no delta (%s)", blob.version, e)
+            self.delta_stats["skipped"] += 1
+            return None
+        if len(data) >= len(blob.data):
+            self.delta_stats["skipped"] += 1
+            return None
+        manifest, chunks = make_manifest(
+            blob.version,
+            memoryview(data),
+            self.bcast.policy.chunk_size,
+            self.signing_key,
+            form="delta",
+            base_version=base.version,
+            base_sha256=base.sha256,
+            sha256=blob.sha256,
+        )
+        self.delta_stats["published"] += 1
+        self.delta_stats["bytes"] += len(data)
+        self.delta_stats["full_bytes"] += len(blob.data)
+        return SnapshotBlob(
+            version=blob.version, data=data, sha256=sha256_hex(data), manifest=manifest, chunks=chunks
+        )
+
+    def _prune(self) -> None:
+        """Deltas go with their versions (under the lock)."""
+        for v in [v for v in self.deltas if v not in self.bcast.snapshots]:
+            del self.deltas[v]
+            self.forms.pop(v, None)
 
     def wake(self) -> None:
         """Call the listeners (outside the lock)."""
         for listener in list(self.listeners):
             listener()
 
-    def blob(self, version: int | None = None) -> SnapshotBlob:
-        """A kept snapshot (None: the newest published one)."""
+    def blob(self, version: int | None = None, form: str = "full") -> SnapshotBlob:
+        """A kept snapshot, or its delta (None: the newest published one)."""
         with self.shared.lock:
-            blob = self.bcast.snapshots.get(self.shared.published_version if version is None else version)
+            v = self.shared.published_version if version is None else version
+            blob = (self.bcast.snapshots if form == "full" else self.deltas).get(v)
         if blob is None:
-            raise NoSnapshot("nothing published yet" if version is None else f"version {version} is not kept")
+            if version is None:
+                raise NoSnapshot("nothing published yet")
+            raise NoSnapshot(f"version {version} is not kept" + (" as a delta" if form != "full" else ""))
         return blob
 
     # ------------------------------------------------------------------ the receivers' calls
-    def route(self, worker_id: str, version: int) -> tuple[str | None, str | None]:
-        """Whom `worker_id` receives `version` from: (parent id, relay URL), or (None, None) for
-        the learner."""
+    def route(
+        self, worker_id: str, version: int, *, base: int | None = None, full: bool = False
+    ) -> tuple[str | None, str | None, str]:
+        """Whom `worker_id` receives `version` from and in which form: (parent id, relay URL,
+        "full" | "delta"); (None, None, form) is the learner. The delta if the worker holds its
+        base (`base`) and did not ask for the `full` snapshot, nor was given it for this version."""
         with self.shared.lock:
             now = self.shared.clock()
             self.registry.get(worker_id, now)
+            peers = self.registry.peers()
             try:
-                return self.bcast.route(worker_id, version, self.registry.peers(), now)
+                delta, forms = self.deltas.get(version), self.forms.get(version, {})
+                if delta is None:
+                    return (*self.bcast.route(worker_id, version, peers, now), "full")
+                if not full and forms.get(worker_id) != "full" and base == delta.manifest.base_version:
+                    forms[worker_id] = "delta"
+                    return (*self.bcast.route(worker_id, version, peers, now), "delta")
+                forms[worker_id] = "full"
+                return (*self._from_learner(worker_id, version, now), "full")
             except NotKept:
                 raise NoSnapshot(f"version {version} is not kept") from None
+
+    def _from_learner(self, worker_id: str, version: int, now: float) -> tuple[None, None]:
+        """The full snapshot of a version whose chains carry its delta: out of the chains (its
+        children reattach upstream; it gets none), fed by the learner (under the lock)."""
+        bcast = self.bcast
+        if version not in bcast.plans:
+            raise NotKept(version)
+        bcast.plans[version] = bcast.plans[version].excise(worker_id)
+        bcast.leaf_only[version].add(worker_id)
+        if not bcast.installs.runs(worker_id, version):
+            bcast.receiving[version].add(worker_id)
+        bcast.ledger.route(version, None, worker_id, now)
+        return None, None
 
     def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
         """The rate floor (bytes/s) of `worker_id`'s route to `parent_id` for `version` (None: none)."""
@@ -111,8 +206,8 @@ class Publisher:
 
     def report_failure(
         self, worker_id: str, version: int, parent_id: str | None, reason: str, detail: str = ""
-    ) -> tuple[str | None, str | None]:
-        """The receiver's parent failed; returns its new route."""
+    ) -> tuple[str | None, str | None, str]:
+        """The receiver's parent failed; returns its new route, in the same form."""
         with self.shared.lock:
             now = self.shared.clock()
             self.registry.get(worker_id, now)
@@ -125,7 +220,14 @@ class Publisher:
                 printable(detail),
             )
             try:
-                return self.bcast.failure(worker_id, version, parent_id, reason, self.registry.peers(), now)
+                form = self.forms.get(version, {}).get(worker_id, "full")
+                if form == "full" and version in self.deltas:  # fed by the learner, out of the chains
+                    self.bcast.failures[reason] += 1
+                    return (*self._from_learner(worker_id, version, now), form)
+                return (
+                    *self.bcast.failure(worker_id, version, parent_id, reason, self.registry.peers(), now),
+                    form,
+                )
             except NotKept:
                 raise NoSnapshot(f"version {version} is not kept") from None
 
@@ -143,6 +245,7 @@ class Publisher:
                 raise Invalid(Reason.WRONG_SNAPSHOT, str(e)) from None
             info.version = max(info.version, version)
             self.bcast.evict(self.keep, self.registry.peers())
+            self._prune()
 
     def report_sent(
         self, parent_id: str | None, version: int, child_id: str, nbytes: int, seconds: float
@@ -172,7 +275,16 @@ class Publisher:
         peers = self.registry.peers()
         self.bcast.installs.update(peers)
         self.bcast.evict(self.keep, peers)
+        self._prune()
 
     def status(self) -> dict:
         names = {w.worker_id: w.name for w in self.registry.workers.values()}
-        return self.bcast.status(names, self.shared.clock())
+        full = self.delta_stats["full_bytes"]
+        return {
+            **self.bcast.status(names, self.shared.clock()),
+            "delta": {
+                **self.delta_stats,
+                "ratio": self.delta_stats["bytes"] / full if full else None,
+                "kept": sorted(self.deltas),
+            },
+        }

@@ -1,6 +1,7 @@
 """The learner's end of snapshot broadcast, as coordinator routes: the newest snapshot whole, signed
 chunk manifests and chunk streams paced by the learner's uplink bucket (the learner is the parent
-of every chain's seed), and the receivers' reports (routes, failures, installs, transfers).
+of every chain's seed), of the full snapshot or, with `?form=delta`, of its delta, and the
+receivers' reports (routes, which say the form; failures, installs, transfers).
 
 `SnapshotRoutes` owns the uplink bucket and the per-stream cap; `Coordinator` (coordinator.py) adds
 its `routes()` to the app and authenticates the callers (http.py). Every decision is the
@@ -68,12 +69,16 @@ class SnapshotRoutes:
             SnapshotInfo(version=blob.version, size=len(blob.data), sha256=blob.sha256).model_dump()
         )
 
-    def _blob(self, request: web.Request):
+    def _blob(self, request: web.Request, *, forms: tuple[str, ...] = ("full",)):
+        """The kept snapshot the request names (`?form=delta`: its delta, where `forms` allow it)."""
         try:
             version = int(request.match_info["version"])
         except ValueError:
             raise Unreadable("version must be an integer") from None
-        return self.publisher.blob(version)
+        form = request.query.get("form", "full")
+        if form not in forms:
+            raise Unreadable(f"form must be one of {', '.join(forms)}")
+        return self.publisher.blob(version, form=form)
 
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
         """The whole snapshot in one body (tools, debugging; workers use the chunk streams)."""
@@ -95,11 +100,12 @@ class SnapshotRoutes:
         return resp
 
     async def chunk_manifest(self, request: web.Request) -> web.Response:
-        return web.json_response(self._blob(request).manifest.model_dump())
+        return web.json_response(self._blob(request, forms=("full", "delta")).manifest.model_dump())
 
     async def chunks(self, request: web.Request) -> web.StreamResponse:
-        """The learner as a parent: chunks `from`..`to` of a kept version, through the uplink cap."""
-        blob = self._blob(request)
+        """The learner as a parent: chunks `from`..`to` of a kept version (`?form=delta`: of its
+        delta), through the uplink cap."""
+        blob = self._blob(request, forms=("full", "delta"))
         try:
             start, end = parse_range(request.query, blob.manifest.num_chunks)
         except BadRange as e:
@@ -132,19 +138,21 @@ class SnapshotRoutes:
 
     async def route(self, request: web.Request) -> web.Response:
         req = await read_body(request, RouteRequest)
-        parent_id, url = self.publisher.route(req.worker_id, req.version)
-        return self._route(req.worker_id, req.version, parent_id, url)
+        parent_id, url, form = self.publisher.route(req.worker_id, req.version, base=req.base, full=req.full)
+        return self._route(req.worker_id, req.version, parent_id, url, form)
 
     async def failure(self, request: web.Request) -> web.Response:
         req = await read_body(request, FailureRequest)
-        parent_id, url = self.publisher.report_failure(
+        parent_id, url, form = self.publisher.report_failure(
             req.worker_id, req.version, req.parent_id, req.reason, req.detail
         )
-        return self._route(req.worker_id, req.version, parent_id, url)
+        return self._route(req.worker_id, req.version, parent_id, url, form)
 
-    def _route(self, worker_id: str, version: int, parent_id: str | None, url: str | None) -> web.Response:
+    def _route(
+        self, worker_id: str, version: int, parent_id: str | None, url: str | None, form: str
+    ) -> web.Response:
         floor = self.publisher.relay_floor(worker_id, version, parent_id)
-        route = Route(version=version, parent_id=parent_id, url=url, min_rate_bps=floor)
+        route = Route(version=version, parent_id=parent_id, url=url, min_rate_bps=floor, form=form)
         return web.json_response(route.model_dump())
 
     async def installed(self, request: web.Request) -> web.Response:

@@ -12,6 +12,17 @@ its redirects are not followed, and one whose chunks arrive slower than `min_rat
 over a progress timeout of reading) is reported stalled, like one that sends nothing. A route may
 carry the coordinator's own floor (`Route.min_rate_bps`, a fraction of the peers' rate): a relay
 below it is reported "slow" and the coordinator demotes it.
+
+**Deltas** (issue 24). The route says the form: "delta" when the coordinator has one from the
+version this worker holds (`RouteRequest.base`). The delta's chunks are verified against its own
+signed manifest and kept in a second store (`deltas`), so the relay forwards them down the chain
+like any chunks; once complete, the delta is applied on the held base (broadcast/delta.py: the
+base's SHA-256, then the result's against the manifest's `sha256`, the full snapshot's). On
+BaseMismatch or any verification error the worker asks for the full snapshot (`full`), which the
+coordinator then sends it from the learner. Memory: the worker holds the installed version's bytes
+as its base (one copy of the snapshot in the wire dtype, in host memory; the chunk store already
+held the last two received versions before deltas, so this is no more); while a delta is applied,
+the base, the rebuilt snapshot and the delta are held together (two copies plus the delta).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import Any
 import aiohttp
 
 from echo2.aio import sleep_unless, unless
+from echo2.broadcast import delta as codec
 from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, manifest_of
 from echo2.broadcast.meter import ParentFailed, RelayMeter
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore, mbit
@@ -82,8 +94,17 @@ class BroadcastClient:
         *,
         worker_id: str,
         public_key: str,
+        deltas: ChunkStore | None = None,
     ) -> None:
         self.coordinator, self.store, self.receiving = coordinator, store, receiving
+        self.deltas = deltas if deltas is not None else ChunkStore()
+        """Verified chunks of deltas (what this worker's relay serves for `?form=delta`)."""
+        self.base: tuple[int, SnapshotBytes] | None = None
+        """The installed version and its bytes: what a delta is applied on."""
+        self.delta_fallbacks: list[tuple[int, str]] = []
+        """(version, why) of every delta that did not install, so the full snapshot was fetched."""
+        self.forms: dict[int, str] = {}
+        """The form each received version came in ("full" or "delta")."""
         self.worker_id, self.public_key = worker_id, public_key
         self.progress_timeout = receiving.progress_timeout
         self.download_bucket = mbit(receiving.download_mbps)
@@ -104,26 +125,39 @@ class BroadcastClient:
         """The newest published version, as soon as it is newer than `after` (or after `wait` s)."""
         return await self.coordinator.published(after=after, wait=wait)
 
-    async def manifest(self, version: int) -> Manifest:
-        """The version's manifest, its signature checked against the learner's key, in the store."""
-        if version in self.store.manifests:
-            return self.store.manifests[version]
+    async def manifest(self, version: int, form: str = "full") -> Manifest:
+        """The version's manifest (of its delta: `form="delta"`), its signature checked against
+        the learner's key, in that form's store."""
+        store = self.store if form == "full" else self.deltas
+        if version in store.manifests:
+            return store.manifests[version]
         try:
-            data = await self.coordinator.manifest(version)
+            data = await self.coordinator.manifest(version, form)
         except NoSnapshot:
-            raise BroadcastError(f"version {version} is not kept by the learner") from None
+            raise BroadcastError(f"version {version} is not kept by the learner ({form})") from None
         try:
-            manifest = manifest_of(data, version, self.public_key)
+            manifest = manifest_of(data, version, self.public_key, form)
         except VerificationError as e:  # nothing stored
             self.refused[version] = str(e)
             raise
-        self.store.add_manifest(manifest)
+        store.add_manifest(manifest)
         return manifest
 
-    async def _route(self, version: int, failed: tuple[str | None, ParentFailed] | None = None) -> Route:
+    def hold(self, version: int, data: SnapshotBytes) -> None:
+        """`version` is installed from `data`: it is the base of the next delta (the older base
+        and full copies it replaces are let go)."""
+        if self.base is None or version > self.base[0]:
+            self.base = (version, data)
+            self.store.forget_older(version)
+
+    async def _route(
+        self, version: int, failed: tuple[str | None, ParentFailed] | None = None, *, full: bool = False
+    ) -> Route:
         try:
             if failed is None:
-                return await self.coordinator.route(RouteRequest(worker_id=self.worker_id, version=version))
+                base = self.base[0] if self.base is not None else None
+                req = RouteRequest(worker_id=self.worker_id, version=version, base=base, full=full)
+                return await self.coordinator.route(req)
             parent_id, err = failed
             req = FailureRequest(
                 worker_id=self.worker_id,
@@ -157,13 +191,56 @@ class BroadcastClient:
         Raises VerificationError if the manifest's signature is bad (nothing is stored),
         BroadcastError if the learner no longer keeps the version or `max_failures` parents failed,
         and Refused/Unreachable if the coordinator refuses or cannot be reached."""
-        manifest = await self.manifest(version)
         self.transfers.setdefault(version, [])
         route = await self._route(version)
-        failures = 0
-        while (start := self._first_missing(version)) is not None:
+        if route.form == "delta":
             try:
-                await self._stream(version, manifest, route, start)
+                return await self._fetch_delta(version, route)
+            except (VerificationError, BroadcastError) as e:  # BaseMismatch included
+                logger.warning("version %d: delta not installed (%s); fetching the full snapshot", version, e)
+                self.delta_fallbacks.append((version, str(e)))
+                route = await self._route(version, full=True)
+        self.deltas.skip(version)  # our relay's children are told at once we will not hold it
+        manifest = await self.manifest(version)
+        await self._receive(version, manifest, route, self.store)
+        self.forms[version] = "full"
+        # Not joined (the install reads it tensor by tensor); hashed once, off the event loop
+        # (relays go on); the hash goes in the install report.
+        data = self.store.snapshot(version)
+        self._digest(version, await asyncio.to_thread(data.sha256))
+        return data
+
+    async def _fetch_delta(self, version: int, route: Route) -> SnapshotBytes:
+        """Receive the delta of `version` and rebuild the snapshot on the held base: bit for bit
+        the full snapshot, its SHA-256 the signed manifest's. VerificationError (BaseMismatch: not
+        our base) if it cannot be."""
+        manifest = await self.manifest(version, "delta")
+        base = self.base
+        if base is None or base[0] != manifest.base_version:
+            raise codec.BaseMismatch(
+                f"the delta applies to version {manifest.base_version}, this worker holds "
+                f"{base[0] if base is not None else 'none'}"
+            )
+        await self._receive(version, manifest, route, self.deltas)
+        delta = self.deltas.assemble(version)  # small: joined
+        rebuilt = await asyncio.to_thread(_rebuild, base[1], delta, manifest)
+        self.store.skip(version)
+        self.forms[version] = "delta"
+        self._digest(version, manifest.sha256)  # `_rebuild` checked the bytes against it
+        return SnapshotBytes([rebuilt], max(len(rebuilt), 1))  # not copied
+
+    def _digest(self, version: int, sha256: str) -> None:
+        self.digests[version] = sha256
+        for old in [v for v in self.digests if v < version - 8]:
+            del self.digests[old]
+
+    async def _receive(self, version: int, manifest: Manifest, route: Route, store: ChunkStore) -> None:
+        """Every chunk of `manifest` into `store`, from `route`'s parent and those the coordinator
+        names after each failure."""
+        failures = 0
+        while (start := self._first_missing(version, store)) is not None:
+            try:
+                await self._stream(version, manifest, route, start, store)
             except ParentFailed as failed:
                 failures += 1
                 self.failures.append((version, route.parent_id, failed.reason))
@@ -175,20 +252,15 @@ class BroadcastClient:
                     await asyncio.sleep(self.coordinator.retry.delay(failures))
                 route = await self._route(version, (route.parent_id, failed))
 
-        # Not joined (the install reads it tensor by tensor); hashed once, off the event loop
-        # (relays go on); the hash goes in the install report.
-        data = self.store.snapshot(version)
-        self.digests[version] = await asyncio.to_thread(data.sha256)
-        for old in [v for v in self.digests if v < version - 8]:
-            del self.digests[old]
-        return data
-
-    def _first_missing(self, version: int) -> int | None:
-        if version not in self.store.manifests:
+    def _first_missing(self, version: int, store: ChunkStore | None = None) -> int | None:
+        store = store or self.store
+        if version not in store.manifests:
             raise BroadcastError(f"version {version} was superseded while it was being received")
-        return self.store.first_missing(version)
+        return store.first_missing(version)
 
-    async def _stream(self, version: int, manifest: Manifest, route: Route, start: int) -> None:
+    async def _stream(
+        self, version: int, manifest: Manifest, route: Route, start: int, store: ChunkStore | None = None
+    ) -> None:
         """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
         stored as it arrives. Raises ParentFailed on anything but a complete, valid stream."""
         relay = route.url is not None
@@ -210,7 +282,10 @@ class BroadcastClient:
         )
         # Only the learner gets our credential; a relay is told who we are (for its own account of
         # the transfer) and nothing else.
+        store = store or self.store
         params = {"from": start, "child": self.worker_id} if relay else {"from": start}
+        if manifest.form == "delta":
+            params["form"] = "delta"
         headers = {} if relay else self.coordinator.auth_headers(worker_id=self.worker_id)
         try:
             async with self.coordinator.session.get(
@@ -237,8 +312,8 @@ class BroadcastClient:
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
                         raise ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
                     data = await self._read(resp.content, length, meter=meter)
-                    if not self.store.put(version, index, data):
-                        self._first_missing(version)  # dropped from the store: not the parent's fault
+                    if not store.put(version, index, data):
+                        self._first_missing(version, store)  # dropped from the store: not the parent's fault
                         raise ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
                     received += length
                     last_chunk = time.monotonic()
@@ -246,7 +321,7 @@ class BroadcastClient:
             raise ParentFailed("stalled", f"nothing for {self.progress_timeout}s") from None
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
             raise ParentFailed("unreachable", repr(e)) from None
-        if not self.store.complete(version):
+        if not store.complete(version):
             raise ParentFailed("incomplete", "the stream ended before the last chunk")
         self.transfers[version].append(
             {
@@ -319,6 +394,7 @@ class BroadcastClient:
                         if version > self.installed_version:
                             await install(version, data)
                             self.installed_version = version
+                            self.hold(version, data)
                         else:  # a newer one was installed first
                             self.transfers.pop(version, None)
                             return
@@ -361,11 +437,25 @@ class BroadcastClient:
         """The learner restarted (a new epoch): forget every version held or being received, so
         the next published one is received and installed even if its number is not newer."""
         self.store.clear()
+        self.deltas.clear()
+        self.base = None
         self.installed_version = -1
         self.transfers.clear()
         self.digests.clear()
         self._newest = -1
         self._rewind.set()
+
+
+def _rebuild(base: SnapshotBytes, delta: bytes, manifest: Manifest) -> bytearray:
+    """The snapshot `delta` rebuilds on `base`, if its header says what the signed manifest says
+    (VerificationError if not; `codec.apply` then checks the base's hash and the result's)."""
+    header, _ = codec.read_header(delta)
+    said = (header.version, header.base_version, header.base_sha256, header.sha256)
+    if said != (manifest.version, manifest.base_version, manifest.base_sha256, manifest.sha256):
+        raise VerificationError(
+            f"delta of version {manifest.version}: its header disagrees with its manifest"
+        )
+    return codec.apply(base, delta)
 
 
 def _chunk_len(manifest: Manifest, index: int) -> int:

@@ -1,7 +1,7 @@
 """A worker's standing with the coordinator, shared by the rollout worker (rollout/worker.py) and
 the broadcast-only peer (rollout/broadcast_peer.py), which each compose one `Membership`.
 
-Owns the coordinator client, the relay server and its chunk store, the registration and the
+Owns the coordinator client, the relay server and its chunk stores (full snapshots, deltas), the registration and the
 `BroadcastClient` it yields, heartbeats, and the relay's reports of what it sent. It acts on the
 refusals every worker meets the same way (control/errors.py): `UnknownWorker` or `Forbidden`
 (coordinator restarted, or this worker was marked lost) registers again, by one route (`rejoin`),
@@ -55,7 +55,9 @@ class Membership:
         self.registration: RegisterResponse | None = None
         self.heartbeat_interval = 1.0
         self.store = ChunkStore()
-        self.relay = RelayServer(self.store)
+        self.deltas = ChunkStore()
+        """Verified delta chunks (issue 24): received, relayed and applied like full ones."""
+        self.relay = RelayServer(self.store, deltas=self.deltas)
         self.relay.on_sent = self._on_sent
         self.bcast: BroadcastClient | None = None
         """The broadcast client, once registered."""
@@ -165,7 +167,12 @@ class Membership:
         )
         self.relay.keepalive_s = receiving.progress_timeout / 4  # well within a receiver's timeout
         return BroadcastClient(
-            self.coordinator, self.store, receiving, worker_id=reply.worker_id, public_key=reply.public_key
+            self.coordinator,
+            self.store,
+            receiving,
+            worker_id=reply.worker_id,
+            public_key=reply.public_key,
+            deltas=self.deltas,
         )
 
     def _check_key(self, public_key: str) -> None:
