@@ -1,14 +1,14 @@
-"""The `skypilot` provider's launch/poll/stop logic, the catalog planner and the cost meter.
+"""The `skypilot` provider's launch/poll/stop logic and the cost meter.
 
 Everything here runs WITHOUT SkyPilot and without a cloud: the SDK boundary (`SkyClient`) is a
 FAKE (`FakeSky`, below) that records every call and answers as a test tells it to, and the task
-builder is a stand-in. test_skypilot_task.py builds the real tasks with SkyPilot's own classes.
+builder is a stand-in. test_skypilot_bridge.py tests the real client and bridge over a fake `sky`;
+test_skypilot_task.py builds and validates the real tasks with SkyPilot itself, through the bridge.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,18 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from echo2.cli import main as cli_main
-from echo2.config import ConfigError
 from echo2.config.schema import SchedulerConfig, SkyPilotConfig
-from echo2.control.catalog import Throughputs, candidates, read_catalog
 from echo2.control.fleet import Fleet, Slots
 from echo2.control.registry import Registry
 from echo2.control.scheduler import Action, Scheduler
-from echo2.control.skypilot import CostMeter, Outcome, SkyPilotFleet, SkySDK
+from echo2.control.skypilot import CostMeter, Outcome, SkyPilotFleet
 
 ROOT = Path(__file__).resolve().parents[2]
-CATALOG = ROOT / "tests" / "fixtures" / "skypilot_catalog"
-THROUGHPUTS = ROOT / "tests" / "fixtures" / "skypilot_throughputs.toml"
 
 
 # ---------------------------------------------------------------------------- the fake SDK
@@ -44,6 +39,7 @@ class FakeSky:
     events: list[tuple] = field(default_factory=list)
     up: set[str] = field(default_factory=set)
     log: Path | None = None
+    tokens: list[str] = field(default_factory=list)
     _requests: dict[str, list] = field(default_factory=dict)
 
     def _record(self, *event) -> None:
@@ -57,7 +53,8 @@ class FakeSky:
         self._requests[rid] = [self.delay, outcome, effect]
         return rid
 
-    def launch(self, task, *, cluster_name: str, idle_minutes: int) -> str:
+    def launch(self, task, *, token: str, cluster_name: str, idle_minutes: int) -> str:
+        self.tokens.append(token)  # the secret: kept apart from the events, which are logged
         self._record("launch", cluster_name, idle_minutes)
         if cluster_name in self.fail:
             return self._request(Outcome(ok=False, error=self.fail[cluster_name]))
@@ -96,9 +93,9 @@ class Clock:
         return self.now
 
 
-def fake_build(worker, config, *, slot, token, learner_key=None):
-    """Stand-in for `build_task` (which needs sky): what it was asked to build."""
-    return {"slot": slot, "accelerator": worker.accelerator, "token": token}
+def fake_build(worker, config, *, slot, learner_key=None):
+    """Stand-in for `task_config`: what it was asked to build."""
+    return {"slot": slot, "accelerator": worker.accelerator}
 
 
 def sky_config(**kw) -> SkyPilotConfig:
@@ -162,7 +159,7 @@ def test_start_slot_only_queues_then_tick_launches_with_autodown_and_polls_until
     assert {o.name for o in fleet.offers()} == {"vast-4090-spot-0", "runpod-4090-od-0"}
 
 
-def test_the_token_goes_to_the_task_builder_not_to_any_sdk_call_or_log(caplog):
+def test_the_token_goes_to_the_launch_as_its_secret_not_into_the_task_or_any_log(caplog):
     sky, clock = FakeSky(), Clock()
     built = []
     fleet = SkyPilotFleet(
@@ -172,7 +169,7 @@ def test_the_token_goes_to_the_task_builder_not_to_any_sdk_call_or_log(caplog):
         fleet.start(SimpleNamespace(token="s3cret-token", fingerprint="fp"), poll_in_background=False)
         settle(fleet, clock)
         fleet.stop(grace=5)
-    assert built[0]["token"] == "s3cret-token"
+    assert sky.tokens == ["s3cret-token"] and built == [{"slot": "vast-4090-spot-0", "learner_key": "fp"}]
     assert "s3cret-token" not in json.dumps(sky.events) and "s3cret-token" not in caplog.text
 
 
@@ -191,8 +188,8 @@ def test_a_failed_launch_marks_the_type_unavailable_for_a_while_and_tears_down_w
 
 def test_a_launch_the_api_server_refuses_is_a_failed_launch():
     class Refusing(FakeSky):
-        def launch(self, task, *, cluster_name, idle_minutes):
-            super().launch(task, cluster_name=cluster_name, idle_minutes=idle_minutes)
+        def launch(self, task, *, token, cluster_name, idle_minutes):
+            super().launch(task, token=token, cluster_name=cluster_name, idle_minutes=idle_minutes)
             raise ConnectionError("API server down")
 
     sky, clock = Refusing(), Clock()
@@ -360,65 +357,6 @@ def test_sigterm_to_the_learner_tears_down_every_launched_cluster(tmp_path):
     assert _all_torn_down(events)
 
 
-# ---------------------------------------------------------------------------- the real SDK adapter
-class RecordingSky:
-    """Stands in for the `sky` module under `SkySDK`: records the calls the adapter makes."""
-
-    StatusRefreshMode = SimpleNamespace(AUTO="AUTO")
-
-    def __init__(self, status="RUNNING", result=None, error=None):
-        self.calls, self._status, self._result, self._error = [], status, result, error
-
-    def launch(self, task, **kw):
-        self.calls.append(("launch", kw))
-        return "rid-launch"
-
-    def down(self, name):
-        self.calls.append(("down", name))
-        return "rid-down"
-
-    def status(self, **kw):
-        self.calls.append(("status", kw))
-        return "rid-status"
-
-    def api_status(self, request_ids):
-        return [SimpleNamespace(status=self._status)] if self._status else []
-
-    def get(self, rid):
-        self.calls.append(("get", rid))
-        if self._error:
-            raise self._error
-        return self._result
-
-    def api_cancel(self, rid):
-        self.calls.append(("cancel", rid))
-
-
-def _sdk(sky) -> SkySDK:
-    sdk = SkySDK.__new__(SkySDK)
-    sdk.sky = sky
-    return sdk
-
-
-def test_the_sdk_adapter_launches_with_autodown_and_never_waits_on_a_running_request():
-    sky = RecordingSky(status="RUNNING")
-    sdk = _sdk(sky)
-    assert sdk.launch("TASK", cluster_name="echo2-a-0", idle_minutes=10) == "rid-launch"
-    assert sky.calls == [
-        ("launch", {"cluster_name": "echo2-a-0", "idle_minutes_to_autostop": 10, "down": True})
-    ]
-    assert sdk.poll("rid-launch") is None
-    assert not any(c[0] == "get" for c in sky.calls)  # `get` would block until it finishes
-
-
-def test_the_sdk_adapter_reads_finished_requests():
-    err = _sdk(RecordingSky(status="FAILED", error=RuntimeError("no capacity")))
-    assert err.poll("r") == Outcome(ok=False, error="RuntimeError: no capacity")
-    records = [SimpleNamespace(name="echo2-a-0", status=SimpleNamespace(value="UP"))]
-    assert _sdk(RecordingSky(status="SUCCEEDED", result=records)).poll("r").value == {"echo2-a-0": "UP"}
-    assert not _sdk(RecordingSky(status=None)).poll("r").ok  # a request the server forgot
-
-
 # ---------------------------------------------------------------------------- cost
 def test_cost_meter_integrates_the_price_of_what_runs():
     m = CostMeter()
@@ -459,88 +397,3 @@ def test_the_skypilot_provider_needs_its_section_and_the_scheduler():
         SchedulerConfig(enabled=True, provider="skypilot", skypilot=sky_config()).skypilot.autostop_minutes
         == 10
     )
-
-
-def test_without_the_extra_the_skypilot_provider_is_a_config_error(monkeypatch):
-    from echo2.control.skypilot import make_fleet
-
-    monkeypatch.setitem(sys.modules, "sky", None)  # as if SkyPilot were not installed
-    with pytest.raises(ConfigError, match=r"echo2\[skypilot\]"):
-        make_fleet(SimpleNamespace(scheduler=SimpleNamespace(skypilot=sky_config())), initial=1)
-
-
-# ---------------------------------------------------------------------------- catalog and plan
-def test_candidates_take_the_cheapest_region_per_cloud_accelerator_and_market():
-    cands = candidates(read_catalog(CATALOG), Throughputs(throughput={"RTX4090": 0.8}, max_workers=3))
-    got = {c.offer.name: (c.offer.price, c.region, c.offer.count) for c in cands}
-    assert got == {
-        "runpod-rtx4090-od": (0.69, "CA", 3),
-        "runpod-rtx4090-spot": (0.35, "CA", 3),
-        "vast-rtx4090-od": (0.39, "EU", 3),
-        "vast-rtx4090-spot": (0.25, "EU", 3),
-    }
-
-
-def test_plan_catalog_dry_run_is_offline_and_names_clouds_and_types(capsys):
-    rc = cli_main(
-        ["plan", "--catalog", "skypilot", "--catalog-dir", str(CATALOG), "--throughputs", str(THROUGHPUTS),
-         "--t-train", "20", "--t-bcast", "6", "--batch", "64", "--staleness", "4", "--dry-run", "--json"]
-    )  # fmt: skip
-    plan = json.loads(capsys.readouterr().out)
-    assert rc == 0 and plan["feasible"]
-    assert plan["throughput"] >= plan["mu_target"]
-    assert plan["rent"] and all(t["infra"][0] in ("runpod", "vast") for t in plan["rent"])
-    assert sum(t["count"] * t["throughput"] for t in plan["rent"]) == pytest.approx(plan["throughput"])
-    SkyPilotConfig(coordinator_url="http://x:1", workers=plan["rent"])  # pastes into the config as is
-
-
-def test_plan_catalog_text_prints_the_tables_to_paste(capsys, tmp_path):
-    few = tmp_path / "t.toml"
-    few.write_text("max_workers = 2\n[throughput]\nRTX4090 = 0.8\n")
-    args = ["plan", "--catalog", "skypilot", "--catalog-dir", str(CATALOG), "--throughputs", str(few)]
-    rc = cli_main(
-        [*args, "--t-train", "20", "--t-bcast", "6", "--batch", "64", "--staleness", "4", "--dry-run"]
-    )
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "on vast (spot" in out and "on runpod (spot" in out  # two marketplaces: 2 + 2 workers
-    assert "[[scheduler.skypilot.workers]]" in out
-
-
-def test_plan_catalog_mistakes_are_config_errors(capsys, tmp_path):
-    base = [
-        "plan",
-        "--catalog",
-        "skypilot",
-        "--t-train",
-        "20",
-        "--t-bcast",
-        "6",
-        "--batch",
-        "64",
-        "--staleness",
-        "4",
-    ]
-    assert cli_main([*base, "--catalog-dir", str(CATALOG), "--dry-run"]) == 2  # no --throughputs
-    assert cli_main([*base, "--throughputs", str(THROUGHPUTS), "--dry-run"]) == 2  # offline needs a dir
-    assert cli_main([*base, "--throughputs", str(THROUGHPUTS), "--catalog-dir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "--throughputs" in err and "--catalog-dir" in err
-    with pytest.raises(ConfigError):
-        read_catalog(tmp_path)
-
-
-def test_the_base_install_never_imports_sky():
-    code = (
-        "import sys\n"
-        "from echo2.cli import main\n"
-        "import echo2.control.skypilot, echo2.control.catalog, echo2.config\n"
-        f"rc = main(['plan', '--catalog', 'skypilot', '--catalog-dir', {str(CATALOG)!r}, '--throughputs', "
-        f"{str(THROUGHPUTS)!r}, '--t-train', '20', '--t-bcast', '6', '--batch', '64', '--staleness', '4', '--dry-run'])\n"
-        "assert rc == 0, rc\n"
-        "assert 'sky' not in sys.modules, 'sky imported'\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ}
-    )
-    assert out.returncode == 0, out.stderr

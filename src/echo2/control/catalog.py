@@ -6,14 +6,16 @@ spot or on-demand), at its cheapest region; the planner selects from them like f
 and `worker_tables` turns the chosen ones into `[[scheduler.skypilot.workers]]` tables.
 
 The rows come from a catalog directory in SkyPilot's own layout, CLOUD/vms.csv (`read_catalog`,
-offline: tests/fixtures/skypilot_catalog is a small one), or from SkyPilot's catalog through its
-API (`sky_catalog`, which imports sky and may download its price tables). Knows no scheduler and no SDK calls.
+offline: tests/fixtures/skypilot_catalog is a small one), by default the one SkyPilot itself keeps
+(`sky_catalog`: ~/.sky/catalogs/v8, which `sky show-gpus` fetches). Never imports sky; knows no
+scheduler and no SDK calls.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,27 +97,26 @@ def read_catalog(path: str | Path) -> list[CatalogRow]:
     return rows
 
 
-def sky_catalog(accelerators: list[str]) -> list[CatalogRow]:  # pragma: no cover - needs sky's catalog
-    """SkyPilot's own price catalog for these accelerators (imports sky; may download its tables)."""
-    from sky import catalog
+SKY_CATALOG_VERSION = "v8"
+"""The schema version of SkyPilot 0.14's catalog directory (~/.sky/catalogs/v8)."""
 
-    rows = []
-    for name, infos in catalog.list_accelerators(gpus_only=True, all_regions=True).items():
-        if name not in accelerators:
-            continue
-        for info in infos:
-            rows.append(
-                CatalogRow(
-                    cloud=str(info.cloud).lower(),
-                    instance_type=info.instance_type or "",
-                    accelerator_name=info.accelerator_name,
-                    accelerator_count=int(info.accelerator_count),
-                    price=_price(str(info.price)),
-                    spot_price=_price(str(info.spot_price)),
-                    region=info.region,
-                )
-            )
-    return rows
+
+def sky_catalog_dir() -> Path:
+    """Where SkyPilot keeps the price catalog it fetched: $SKY_RUNTIME_DIR (default ~)/.sky/catalogs/v8."""
+    root = Path(os.environ.get("SKY_RUNTIME_DIR") or "~").expanduser()
+    return root / ".sky" / "catalogs" / SKY_CATALOG_VERSION
+
+
+def sky_catalog() -> list[CatalogRow]:
+    """SkyPilot's own price catalog, as SkyPilot fetched it into its catalog directory (echo2
+    never imports sky: SkyPilot lives in a venv of its own, docs/fleet.md)."""
+    root = sky_catalog_dir()
+    if not any(root.glob("*/vms.csv")):
+        raise ConfigError(
+            f"--catalog-dir: SkyPilot's catalog is not under {root}; fetch it with SkyPilot's own "
+            "`sky show-gpus --all` (in SkyPilot's venv), or give --catalog-dir DIR"
+        )
+    return read_catalog(root)
 
 
 class Throughputs(BaseModel):
@@ -213,7 +214,7 @@ def plan_from_catalog(inp, *, catalog_dir: str | None, throughputs: str) -> tupl
     from echo2.control.plan import Pool, WorkerOfferConfig, make_plan, render
 
     t = load_throughputs(throughputs)
-    rows = read_catalog(catalog_dir) if catalog_dir else sky_catalog([_split(k)[0] for k in t.throughput])
+    rows = read_catalog(catalog_dir) if catalog_dir else sky_catalog()
     cands = candidates(rows, t)
     if not cands:
         raise ConfigError(f"{throughputs}: no accelerator in it has a price in the catalog")

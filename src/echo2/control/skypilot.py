@@ -16,8 +16,10 @@ The worker's bearer token travels as a SkyPilot task *secret* (`ECHO2_TOKEN`, re
 SkyPilot's logs and YAML), never on a command line. `stop()` (the learner's exit, normal, SIGTERM
 or exception: api.py calls it in `finally`) tears down every cluster this provider launched.
 
-The SDK is reached only through `SkyClient` (`SkySDK` is the real one; tests use a fake that
-records calls). Imports sky lazily: the base install never imports it. Knows no scheduler policy.
+The task is a pure YAML-style dict (skypilot_task.py). SkyPilot is reached only through
+`SkyClient` (skypilot_client.py): `BridgeClient` drives SkyPilot's SDK in its own interpreter
+(`scheduler.skypilot.python`, skypilot_bridge.py); tests use a fake that records calls. Never
+imports sky. Knows no scheduler policy.
 """
 
 from __future__ import annotations
@@ -28,137 +30,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from echo2.config.schema import SkyPilotConfig, SkyPilotWorkerConfig
 from echo2.control.selection import WorkerOffer
+from echo2.control.skypilot_client import BridgeClient, Outcome, SkyClient, check_python
+from echo2.control.skypilot_task import TOKEN_ENV, task_config
+
+__all__ = ["TOKEN_ENV", "CostMeter", "Outcome", "SkyClient", "SkyPilotFleet", "make_fleet", "task_config"]
 
 logger = logging.getLogger(__name__)
-
-TOKEN_ENV = "ECHO2_TOKEN"
-"""The secret the worker reads its bearer token from (`echo2 worker --token` defaults to it)."""
-
-
-# ---------------------------------------------------------------------------- the task
-def worker_command(worker: SkyPilotWorkerConfig, *, slot: str, url: str, learner_key: str | None) -> str:
-    """The task's run command: no secret in it (the token is in $ECHO2_TOKEN)."""
-    acc = f"{worker.accelerator}:{worker.accelerator_count}"
-    cmd = (
-        f"echo2 worker --coordinator {url} --name {slot} --price-per-hour {worker.price} --hardware {acc} -q"
-    )
-    if learner_key:
-        cmd += f" --learner-key {learner_key}"
-    return cmd
-
-
-def build_task(
-    worker: SkyPilotWorkerConfig,
-    config: SkyPilotConfig,
-    *,
-    slot: str,
-    token: str,
-    learner_key: str | None = None,
-) -> Any:
-    """The `sky.Task` for one worker of `worker`'s type: one `sky.Resources` per `infra` entry
-    (SkyPilot takes the cheapest with capacity), each with autodown after `autostop_minutes`."""
-    import sky
-
-    common = {
-        "accelerators": {worker.accelerator: worker.accelerator_count},
-        "use_spot": worker.spot,
-        "disk_size": worker.disk_gb,
-        "image_id": worker.image,
-        "autostop": {"idle_minutes": config.autostop_minutes, "down": True},
-        "labels": {"echo2-worker-type": worker.name},
-    }
-    resources = [sky.Resources(infra=i, **common) for i in worker.infra] or [sky.Resources(**common)]
-    task = sky.Task(
-        name=slot,
-        setup=config.install,
-        run=worker_command(worker, slot=slot, url=config.coordinator_url, learner_key=learner_key),
-        secrets={TOKEN_ENV: token},
-    )
-    task.set_resources(set(resources))  # a set: SkyPilot's optimizer takes the cheapest with capacity
-    return task
-
-
-# ---------------------------------------------------------------------------- the SDK boundary
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outcome:
-    """A finished SkyPilot request."""
-
-    ok: bool
-    value: Any = None
-    """`status`: {cluster name: status string ("UP", "INIT", "STOPPED")} of the clusters found."""
-    error: str = ""
-
-
-class SkyClient(Protocol):
-    """What the provider needs from SkyPilot: requests that return an id at once, and a poll.
-    Implemented by `SkySDK` (the real SDK) and by the tests' fake."""
-
-    def launch(self, task: Any, *, cluster_name: str, idle_minutes: int) -> str:
-        """Submit a launch (autodown after `idle_minutes` idle); the request id."""
-        ...
-
-    def down(self, cluster_name: str) -> str:
-        """Submit a teardown; the request id."""
-        ...
-
-    def status(self, cluster_names: list[str]) -> str:
-        """Submit a status query; its outcome's value maps each cluster found to its status."""
-        ...
-
-    def poll(self, request_id: str) -> Outcome | None:
-        """None while the request runs; its outcome once finished. Must not wait for it."""
-        ...
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel a request still in flight (a launch the learner no longer wants)."""
-        ...
-
-
-class SkySDK:
-    """The real SkyPilot client SDK (0.14): every call is a request to the SkyPilot API server
-    that returns a request id; `poll` asks `api_status` and reads a finished one with `get`."""
-
-    def __init__(self) -> None:
-        import sky
-
-        self.sky = sky
-
-    def launch(self, task: Any, *, cluster_name: str, idle_minutes: int) -> str:
-        return self.sky.launch(
-            task, cluster_name=cluster_name, idle_minutes_to_autostop=idle_minutes, down=True
-        )
-
-    def down(self, cluster_name: str) -> str:
-        return self.sky.down(cluster_name)
-
-    def status(self, cluster_names: list[str]) -> str:
-        return self.sky.status(cluster_names=cluster_names, refresh=self.sky.StatusRefreshMode.AUTO)
-
-    def poll(self, request_id: str) -> Outcome | None:
-        found = self.sky.api_status(request_ids=[request_id])
-        if not found:  # purged, or the API server restarted without it
-            return Outcome(ok=False, error=f"request {request_id} unknown to the SkyPilot API server")
-        if found[0].status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return None
-        try:
-            value = self.sky.get(request_id)  # finished: returns (or raises) at once
-        except Exception as e:  # the request's own error (no capacity, quota, auth): the caller's
-            return Outcome(ok=False, error=f"{type(e).__name__}: {e}")
-        if isinstance(value, list):  # status: StatusResponse records
-            value = {r["name"] if isinstance(r, dict) else r.name: str(_field(r, "status")) for r in value}
-        return Outcome(ok=True, value=value)
-
-    def cancel(self, request_id: str) -> None:
-        self.sky.api_cancel(request_id)
-
-
-def _field(record: Any, key: str) -> Any:
-    value = record[key] if isinstance(record, dict) else getattr(record, key)
-    return getattr(value, "value", value)
 
 
 # ---------------------------------------------------------------------------- cost
@@ -214,11 +95,11 @@ class SkyPilotFleet:
         initial: int = 1,
         client: SkyClient | None = None,
         clock: Callable[[], float] = time.monotonic,
-        build: Callable[..., Any] = build_task,
+        build: Callable[..., dict] = task_config,
     ) -> None:
         self.config = config
         self.client = client
-        """None until `start`, which makes the real `SkySDK` (tests pass a fake)."""
+        """None until `start`, which starts the bridge (`BridgeClient`; tests pass a fake)."""
         self.clock = clock
         self.build = build
         self.slots: dict[str, _Slot] = {}
@@ -250,7 +131,9 @@ class SkyPilotFleet:
         (tests pass `poll_in_background=False` and call `tick` themselves)."""
         self.token, self.learner_key = source.token, getattr(source, "fingerprint", None)
         if self.client is None:
-            self.client = SkySDK()
+            if not self.config.python:
+                check_python(None)  # the ConfigError naming scheduler.skypilot.python
+            self.client = BridgeClient(self.config.python)
         order = sorted(self.slots.values(), key=lambda s: (s.offer.rho, s.offer.name))
         for slot in order[: self.initial]:
             self.start_slot(slot.offer.name)
@@ -321,6 +204,9 @@ class SkyPilotFleet:
             logger.error(
                 "skypilot provider: teardown unconfirmed; run `sky down %s` (autodown follows)", left
             )
+        close = getattr(self.client, "close", None)
+        if close is not None:  # the bridge, if any (started again should a later call need it)
+            close()
 
     def _try(self, call: Callable[[], Any], what: str, slot: _Slot) -> Any:
         try:
@@ -396,15 +282,14 @@ class SkyPilotFleet:
                     slot.phase, slot.request, slot.launched = Phase.LAUNCHING, None, True
             if claimed:
                 task = self.build(
-                    slot.worker,
-                    self.config,
-                    slot=slot.offer.name,
-                    token=self.token,
-                    learner_key=self.learner_key,
+                    slot.worker, self.config, slot=slot.offer.name, learner_key=self.learner_key
                 )
                 try:
                     rid = client.launch(
-                        task, cluster_name=slot.cluster, idle_minutes=self.config.autostop_minutes
+                        task,
+                        token=self.token,
+                        cluster_name=slot.cluster,
+                        idle_minutes=self.config.autostop_minutes,
                     )
                 except Exception as e:  # the API server refused or is down: as a failed launch
                     with self._lock:
@@ -501,16 +386,12 @@ class SkyPilotFleet:
 
 
 def make_fleet(config, *, initial: int) -> SkyPilotFleet:
-    """The provider api.py builds for `scheduler.provider = "skypilot"` from the run's `Config`
-    (checks that sky is installed; the learner keeps `run.threads`)."""
-    try:
-        import sky  # noqa: F401
-    except ImportError:
-        from echo2.config import ConfigError
-
-        raise ConfigError(
-            "scheduler.provider = skypilot: SkyPilot is not installed (pip install 'echo2[skypilot]')"
-        ) from None
-    fleet = SkyPilotFleet(config.scheduler.skypilot, initial=initial)
+    """The provider api.py builds for `scheduler.provider = "skypilot"` from the run's `Config`:
+    checks that `scheduler.skypilot.python` imports sky (a ConfigError naming the key if not);
+    the learner keeps `run.threads`. Starts no bridge before `start`."""
+    sp = config.scheduler.skypilot
+    version = check_python(sp.python)
+    logger.info("skypilot provider: SkyPilot %s under %s", version.get("sky"), sp.python)
+    fleet = SkyPilotFleet(sp, initial=initial)
     fleet.learner_threads = config.run.threads
     return fleet
