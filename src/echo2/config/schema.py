@@ -264,6 +264,10 @@ class SkyPilotConfig(_Section):
 
     coordinator_url: str = Field(pattern=r"^https?://")
     """The coordinator's public URL, as the rented workers reach it."""
+    python: str | None = None
+    """The python of a venv with SkyPilot installed (e.g. "~/.venvs/sky/bin/python"): SkyPilot's
+    pins conflict with echo2's, so the provider drives it through a bridge process run by this
+    interpreter (control/skypilot_bridge.py). Required when the provider runs; `echo2 plan` omits it."""
     install: str = "pip install 'echo2[gpu]'"
     """Setup command that installs echo2 on a rented machine (run once per cluster)."""
     workers: list[SkyPilotWorkerConfig] = Field(min_length=1)
@@ -274,10 +278,6 @@ class SkyPilotConfig(_Section):
     unavailable_s: float = Field(600.0, gt=0)
     """A type whose launch failed (no capacity, quota) or whose worker was preempted or lost is
     not offered again for this long; the scheduler picks the next cheapest meanwhile."""
-    python: str | None = None
-    """The python of a venv with SkyPilot installed (e.g. "~/.venvs/sky/bin/python"): SkyPilot's
-    pins conflict with echo2's, so the provider drives it through a bridge process run by this
-    interpreter (control/skypilot_bridge.py). Required when the provider runs; `echo2 plan` omits it."""
     poll_s: float = Field(5.0, gt=0)
     """Seconds between polls of SkyPilot's requests and cluster statuses (off the coordinator)."""
     cluster_prefix: str = Field("echo2", min_length=1, max_length=20, pattern=r"^[a-z][a-z0-9-]*$")
