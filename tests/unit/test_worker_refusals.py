@@ -138,3 +138,34 @@ def test_echo2_worker_stops_with_one_line_on_a_refusal(monkeypatch, capsys, stat
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [(409, "some_conflict"), (404, "no_snapshot"), (418, "a_newer_reason")],
+)
+def test_any_refusal_with_a_reason_returns_what_is_held_and_backs_off(monkeypatch, status, reason):
+    """A lease or push refused with a 4xx and a reason the loop does not otherwise act on (one newer
+    than this worker, a rate limit) never ends the worker: it gives back what it holds, waits
+    longer after each refusal in a row, and carries on."""
+    monkeypatch.setattr(worker_module, "REFUSAL_PAUSE", 0.001)
+    fake = FakeCoordinator(
+        leases=[answer(status, reason), lease("L1"), answer(status, reason), lease("L2")],
+        pushes=[answer(status, reason), {"accepted": 1, "duplicates": 0}],
+    )
+    w = make_worker(fake)
+    w.held.add("L0")
+    stop = asyncio.Event()
+
+    async def scenario() -> None:
+        await w.step(stop)  # the lease refused: L0 given back
+        assert fake.returned == ["L0"] and w.held == set()
+        await w.step(stop)  # L1's push refused: L1 given back
+        assert "L1" in fake.returned and w.held == set()
+        await w.step(stop)
+        assert w._refusals == 3
+        await w.step(stop)  # carries on: L2 pushed
+        assert w._refusals == 0 and not fake.leases and not fake.pushes
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert w.counts["pushed"] == 1 and not stop.is_set()

@@ -31,6 +31,7 @@ class Reason(StrEnum):
     MALFORMED = "malformed"
     OUT_OF_VOCAB = "out_of_vocab"
     GROUP_OVERFLOW = "group_overflow"
+    PARTIAL_GROUP = "partial_group"
     NON_FINITE_REWARD = "non_finite_reward"
     WRONG_SNAPSHOT = "wrong_snapshot"
     UNAUTHORIZED = "unauthorized"
@@ -58,6 +59,7 @@ INVALID = frozenset(
         Reason.MALFORMED,
         Reason.OUT_OF_VOCAB,
         Reason.GROUP_OVERFLOW,
+        Reason.PARTIAL_GROUP,
         Reason.NON_FINITE_REWARD,
         Reason.WRONG_SNAPSHOT,
         Reason.REWARD_OUT_OF_RANGE,

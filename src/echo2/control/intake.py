@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 
 from echo2.control.errors import InvalidBatch, LeaseLimit, Quarantined, Refused
-from echo2.control.integrity import Integrity
+from echo2.control.integrity import RETURNED_UNPUSHED, Integrity
 from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.shared import Shared
@@ -133,9 +133,19 @@ class Intake:
             )
 
     def return_lease(self, worker_id: str, lease_id: str) -> None:
+        """The worker gives its lease back (one it does not hold: nothing happens). One with nothing
+        pushed on it counts against the worker: past `max_leases_per_worker` of them since its last
+        stored push, each is a strike (integrity.py: `returned`)."""
         with self.shared.lock:
             self.registry.get(worker_id, self.shared.clock())
-            self.ingestion.give_back(worker_id, lease_id)
+            lease = self.ingestion.leases.get(lease_id)
+            if lease is None or lease.worker_id != worker_id:
+                return
+            self.ingestion.put_back(lease)
+            if not lease.done_groups and self.integrity.returned(
+                worker_id, allowance=self.max_leases_per_worker
+            ):
+                self._strike(worker_id, RETURNED_UNPUSHED)
 
     # ------------------------------------------------------------------ ingestion
     def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:

@@ -4,7 +4,8 @@ Pure bookkeeping, no lock (the intake, intake.py, holds the state's), no I/O. A 
 worker never earns (a forged reward, a fabricated log-prob, a prompt that is not the leased one:
 `INTEGRITY`) is a strike against the worker that sent it; after `quarantine_after` strikes the
 worker is quarantined: it gets no more leases and its pushes are refused, and /status shows it.
-Stale records and expired leases are the network's doing and never strike. The learner's own
+Stale records and expired leases are the network's doing and never strike; a lease given back
+with nothing pushed on it strikes past an allowance (`returned`). The learner's own
 refusals after training (log-probs that disagree with its recomputation) strike too, through the
 group -> worker map kept here. Does not know leases or the registry: the intake puts a quarantined
 worker's leases back.
@@ -28,6 +29,7 @@ INTEGRITY = frozenset(
         Reason.REWARD_MISMATCH,
         Reason.LOGPROB_MISMATCH,
         Reason.WRONG_GROUP,
+        Reason.PARTIAL_GROUP,
         Reason.FUTURE_VERSION,
         Reason.OUT_OF_VOCAB,
         Reason.TOO_LONG,
@@ -35,6 +37,9 @@ INTEGRITY = frozenset(
     }
 )
 """Refusals an honest worker never earns: each is a strike."""
+RETURNED_UNPUSHED = "returned_unpushed"
+"""A lease given back with nothing pushed on it, past the allowance (`returned`): a strike, so a
+worker cannot re-lease prompts in a loop to hold them (or re-draw their sampling noise) for free."""
 ORIGINS = 65536
 """Groups whose generating worker is remembered (for the learner's flags after training)."""
 
@@ -45,6 +50,8 @@ class Integrity:
         self.quarantine_after = quarantine_after
         self.strikes: Counter[str] = Counter()
         self.quarantined: set[str] = set()
+        self.unpushed: Counter[str] = Counter()
+        """Leases each worker gave back with nothing pushed, since its last stored push."""
         self.flagged: Counter[str] = Counter()
         """Records the learner refused after taking them, by reason."""
         self.origin: OrderedDict[str, str] = OrderedDict()
@@ -52,7 +59,7 @@ class Integrity:
 
     def strike(self, worker_id: str, reason: str) -> bool:
         """Count `reason` against `worker_id`; True when this strike quarantines it."""
-        if reason not in INTEGRITY or worker_id in self.quarantined:
+        if (reason not in INTEGRITY and reason != RETURNED_UNPUSHED) or worker_id in self.quarantined:
             return False
         self.strikes[worker_id] += 1
         if self.strikes[worker_id] < self.quarantine_after:
@@ -60,8 +67,16 @@ class Integrity:
         self.quarantined.add(worker_id)
         return True
 
+    def returned(self, worker_id: str, *, allowance: int) -> bool:
+        """`worker_id` gave a lease back with nothing pushed on it: True (a strike is due) once it
+        has done so more than `allowance` times since its last stored push. An honest worker gives
+        back what it holds when it stops or is told it holds too many (at most `allowance` at once)."""
+        self.unpushed[worker_id] += 1
+        return self.unpushed[worker_id] > allowance
+
     def stored(self, worker_id: str, group_ids: set[str]) -> None:
         """`worker_id`'s push stored records of these groups."""
+        self.unpushed.pop(worker_id, None)
         for gid in group_ids:
             self.origin[gid] = worker_id
             self.origin.move_to_end(gid)
@@ -75,6 +90,7 @@ class Integrity:
     def forget(self, worker_id: str) -> None:
         """A purged worker: nothing is kept about it."""
         self.strikes.pop(worker_id, None)
+        self.unpushed.pop(worker_id, None)
         self.quarantined.discard(worker_id)
 
     def status(self) -> dict:

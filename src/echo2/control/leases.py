@@ -4,8 +4,10 @@ records to the replay buffer.
 Pure bookkeeping with the caller's clock and the caller's lease ids: no lock (the intake, intake.py,
 holds the state's), no I/O. Owns the open leases, the prompt cursor, the reissue queue and the
 ingestion counters. A lease's prompts go back to the queue when it expires, is returned, turns out
-stale or its worker is lost. Ingestion is all-or-nothing: a batch with one bad record is refused
-whole with a reason (errors.py) and changes nothing but the refusal counter (and, when stale, the
+stale or its worker is lost. Ingestion is all-or-nothing: a push carries whole groups (all `group_size`
+records of each of its groups), so a group is admitted whole from one lease and a lease given back
+or expired leaves no partial group behind to hold its prompt hostage; a batch with one bad record
+is refused whole with a reason (errors.py) and changes nothing but the refusal counter (and, when stale, the
 reissue queue). Does not know whether a worker is registered: the intake checks that first.
 
 How big a lease is and when it is due are pure functions of the worker's throughput
@@ -361,8 +363,14 @@ class Leases:
             if min(ids) < 0 or max(ids) >= lim.vocab_size:
                 raise InvalidBatch(Reason.OUT_OF_VOCAB, f"{where}: token id outside [0, {lim.vocab_size})")
         for gid, n in Counter(r.group_id for r in records).items():
-            if self.buffer.group_count(gid) + n > lim.group_size:
+            have = self.buffer.group_count(gid) + n
+            if have > lim.group_size:
                 raise InvalidBatch(Reason.GROUP_OVERFLOW, f"group {gid}: more than {lim.group_size} records")
+            if have < lim.group_size:  # a group is admitted whole, from one push of one lease
+                raise InvalidBatch(
+                    Reason.PARTIAL_GROUP,
+                    f"group {gid}: {n} of its {lim.group_size} records (a push carries whole groups)",
+                )
         return lease
 
     def status(self) -> dict:

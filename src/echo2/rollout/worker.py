@@ -7,8 +7,10 @@ stopping when released, the pinned learner key) is a `Membership` (rollout/membe
 piece it shares with the broadcast-only peer. It acts on the refusals that concern its work
 (control/errors.py): `Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the coordinator
 reissues its prompts; an `Invalid` batch's lease is given back at once); `LeaseLimit` returns every
-lease it holds and pauses before leasing again; `Quarantined` ends `run` (the CLI stops with exit
-status 1). Pushes are retried safely, since ingestion is idempotent. On stop it returns what it
+lease it holds and pauses before leasing again; any other refusal with a 4xx status and a reason
+(a rate limit, a conflict, a reason newer than this worker) returns every lease it holds and backs
+off, doubling the pause with each refusal in a row; `Quarantined` ends `run` (the CLI stops with
+exit status 1). Pushes are retried safely, since ingestion is idempotent. On stop it returns what it
 holds. The engine runs in a thread so heartbeats keep flowing while it generates.
 
 A registration reply from a new epoch (the learner restarted) makes the worker, if it runs a
@@ -39,7 +41,17 @@ from typing import TYPE_CHECKING
 from echo2.aio import sleep_unless
 from echo2.broadcast.chunks import SnapshotBytes
 from echo2.control.client import Unreachable
-from echo2.control.errors import Invalid, LeaseExpired, LeaseLimit, Refused, Stale
+from echo2.control.errors import (
+    Forbidden,
+    Invalid,
+    LeaseExpired,
+    LeaseLimit,
+    Quarantined,
+    Refused,
+    Released,
+    Stale,
+    UnknownWorker,
+)
 from echo2.control.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest
 from echo2.rollout.membership import Membership
 from echo2.rollout.worker_config import WorkerConfig
@@ -51,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 LEASE_LIMIT_PAUSE = 2.0
 """Seconds a worker waits before leasing again after a `lease_limit` refusal."""
+REFUSAL_PAUSE = 0.5
+REFUSAL_PAUSE_MAX = 30.0
+"""Back-off after a refusal the lease loop does not otherwise act on: doubling from the first to
+the cap with each refusal in a row."""
 CALIBRATION_GROUPS = 2
 """Prompts (at most a step's) of the calibration generation, `group_size` samples each."""
 
@@ -67,7 +83,9 @@ class Worker:
             throughput=lambda: self.throughput,
             on_new_epoch=self.new_epoch,
         )
-        self._counts = {"pushed": 0, "dropped": 0, "lease_limit": 0}
+        self._counts = {"pushed": 0, "dropped": 0, "lease_limit": 0, "refused": 0}
+        self._refusals = 0
+        """Refusals in a row (`step` backs off longer after each)."""
         self.held: set[str] = set()
         """Leases granted and neither pushed nor given back: what a stop or a lease_limit returns."""
         self.throughput = config.throughput or config.emulate or 0.0
@@ -175,9 +193,12 @@ class Worker:
         self.engine = worker_engine(cfg, tokenizer=tok, engine=self.config.engine, device=worker_device())
 
     async def step(self, stop: asyncio.Event) -> None:
-        """One lease worked through, or a short pause when there is nothing to do."""
+        """One lease worked through, or a short pause when there is nothing to do. A refusal the
+        protocol defines (4xx with a reason) that the membership does not act on never ends the
+        worker: it gives back what it holds and backs off, longer after each refusal in a row."""
         try:
             if await self.one_lease():
+                self._refusals = 0
                 return
             pause = 0.2
         except LeaseLimit as e:  # it thinks we hold too many: give back what we hold, ask later
@@ -185,6 +206,22 @@ class Worker:
             logger.info("no lease: %s %s; returning %d held", e.reason, e.detail, len(self.held))
             await self.return_held()
             pause = LEASE_LIMIT_PAUSE
+        except (UnknownWorker, Forbidden, Released, Quarantined):
+            raise  # the membership's to act on (register again, stop)
+        except Refused as e:
+            if not (400 <= e.status < 500 and e.reason):
+                raise
+            self._counts["refused"] += 1
+            pause = min(REFUSAL_PAUSE * 2**self._refusals, REFUSAL_PAUSE_MAX)
+            self._refusals += 1
+            logger.warning(
+                "refused (%s %s); returning %d held, retrying in %.1fs",
+                e.reason,
+                e.detail,
+                len(self.held),
+                pause,
+            )
+            await self.return_held()
         await sleep_unless(stop, pause)
 
     async def one_lease(self) -> bool:
