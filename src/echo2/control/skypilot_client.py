@@ -175,7 +175,9 @@ class BridgeClient:
             text = line.rstrip()
             for s in tuple(self.secrets):  # a copy: a launch may add one meanwhile
                 text = text.replace(s, "<redacted>")
-            if text:
+            if text.startswith("<sky-payload>"):  # SkyPilot's spinner updates for a terminal
+                logger.debug("sky: %s", text)
+            elif text:
                 logger.info("sky: %s", text)
 
     def call(self, op: str, **args: Any) -> Any:
