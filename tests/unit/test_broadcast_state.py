@@ -19,10 +19,15 @@ def peers(*ids: str, relay: bool = True, at: float = 0.0) -> dict[str, Peer]:
     return {w: Peer(worker_id=w, relay_url=f"http://{w}:1" if relay else None, registered_at=at) for w in ids}
 
 
+class IdOrder(BroadcastState):
+    """Ties broken by worker id, so these tests can name who is planned where."""
+
+    def tie_seed(self, version: int) -> None:
+        return None
+
+
 def state(mode: str = "chain", chains: int = 2) -> BroadcastState:
-    return BroadcastState(
-        BroadcastPolicy(mode=mode, chunk_size=10, uplink_budget_bps=chains * BW, worker_bps=BW)
-    )
+    return IdOrder(BroadcastPolicy(mode=mode, chunk_size=10, uplink_budget_bps=chains * BW, worker_bps=BW))
 
 
 def publish(st: BroadcastState, version: int, live: dict[str, Peer], now: float = 0.0, keep: int = 2):

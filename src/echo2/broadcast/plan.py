@@ -14,6 +14,7 @@ The caller passes `now` (any monotonic clock in seconds) wherever time matters.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from typing import Any
 
 NEUTRAL_SCORE = 55.0
 """Score of a worker with no history: below a relay with a clean record at its peers' rate (100; 61
-even after 10 idle minutes with a single success), above one at a tenth of it (50), so newcomers
-are tried before slow relays."""
+even after 10 idle minutes with a single success), above one at a tenth of it (50). The coordinator
+ranks established relays above every newcomer whatever the scores (`PeerInfo.established`), so
+re-registering cannot buy a rank; among peers that are all new the score alone decides."""
 PEER_RATE_SAMPLES = 3
 """Relay transfers measured before the peers' rate counts (for Speed and the relay floor)."""
 
@@ -163,6 +165,18 @@ class PeerInfo:
     score: float
     inbound: bool
     """Accepts inbound connections, so it can serve a child; without it a worker is only a tail."""
+    established: bool = False
+    """Has relayed a transfer the coordinator credited: ranked above every peer that has not, so a
+    newcomer (or a worker that re-registered to shed its record) never outranks a proven relay."""
+
+
+def tie_order(seed: int | None, worker_id: str) -> str:
+    """The tie-break between equal ranks: a random order drawn from `seed` (the coordinator's
+    secret, mixed with the version), so no worker can buy a rank by its id (re-registering until
+    it gets a low one); the worker id itself when `seed` is None (the simulator, tests)."""
+    if seed is None:
+        return worker_id
+    return hashlib.blake2b(f"{seed}:{worker_id}".encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,10 +257,11 @@ class ChainPlan:
         return cls(chains=tuple(tuple(str(w) for w in chain) for chain in d["chains"]), mode=d["mode"])
 
 
-def build_chains(peers: list[PeerInfo], n_ch: int) -> ChainPlan:
+def build_chains(peers: list[PeerInfo], n_ch: int, *, seed: int | None = None) -> ChainPlan:
     """Chain assembly of Appendix C.3, fan-out 1.
 
-    Peers are ranked by score, descending (ties by worker_id). The top n_ch inbound-capable peers
+    Peers are ranked established first, then by score, descending (ties in the seeded random order
+    of `tie_order`). The top n_ch inbound-capable peers
     are seeds; the other inbound-capable peers are appended to the chain tails round-robin in rank
     order. A peer without inbound connections cannot serve a child, so it only ever sits at a
     tail: such peers are appended last, in rank order, continuing the round robin (shortest chains
@@ -256,7 +271,7 @@ def build_chains(peers: list[PeerInfo], n_ch: int) -> ChainPlan:
     """
     if n_ch < 1:
         raise ValueError("n_ch must be at least 1")
-    ranked = sorted(peers, key=lambda p: (-p.score, p.worker_id))
+    ranked = sorted(peers, key=lambda p: (not p.established, -p.score, tie_order(seed, p.worker_id)))
     relays = [p.worker_id for p in ranked if p.inbound]
     tails = [p.worker_id for p in ranked if not p.inbound]
     chains: list[list[str]] = [[w] for w in relays[:n_ch]]
@@ -279,18 +294,24 @@ def build_star(worker_ids: list[str]) -> ChainPlan:
 
 
 def plan_broadcast(
-    peers: list[PeerInfo], *, mode: str, uplink_bps: float, worker_bps: float, n_ch: int | None = None
+    peers: list[PeerInfo],
+    *,
+    mode: str,
+    uplink_bps: float,
+    worker_bps: float,
+    n_ch: int | None = None,
+    seed: int | None = None,
 ) -> ChainPlan:
     """The plan of one publication: mode "star" feeds every peer from the learner, in the order
     given; mode "chain" lays them out by `build_chains` in N_ch = floor(B0 / Bw) chains, or `n_ch`
-    when the caller fixes it (never more than there are peers). The coordinator and the simulator
-    both plan through this."""
+    when the caller fixes it (never more than there are peers), ties broken by `seed`
+    (`tie_order`). The coordinator and the simulator both plan through this."""
     if mode not in ("chain", "star"):
         raise ValueError(f"mode must be 'chain' or 'star', not {mode!r}")
     if mode == "star" or not peers:
         return build_star([p.worker_id for p in peers])
     k = n_ch if n_ch is not None else n_chains(uplink_bps, worker_bps, len(peers))
-    return build_chains(peers, min(k, len(peers)))
+    return build_chains(peers, min(k, len(peers)), seed=seed)
 
 
 def broadcast_time(

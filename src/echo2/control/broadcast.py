@@ -7,10 +7,18 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 
 - **Plan.** At each publication the live workers are scored (Appendix C.3) and laid out as
   N_ch = floor(B0 / Bw_hat) chains (mode "chain") or all fed by the learner (mode "star"). Bw_hat is
-  the median rate of the last 20 transfers workers reported, the configured figure until then.
+  the median rate of the last 20 credited transfers, the configured figure until then.
   Speed in the scores is measured against the peers' rate: the median of the last 20 credited relay
   transfers (Bw_hat until there are 3). A worker with no relay server, one that failed as a parent
-  more than 3 times in a row, or one demoted as slow since the last plan, is only a tail.
+  more than 3 times in a row, or one demoted as slow since the last plan, is only a tail. Relays
+  with a credited transfer rank above newcomers; ties (and the choice among equally short chains
+  for a late joiner) follow a random order drawn from a secret seed and the version, never the
+  worker id, so re-registering buys no rank (plan.tie_order).
+- **What a claim can move.** A relay's transfer is a claim of two workers that may collude, so its
+  weight is bounded: each relay earns at most one credit (score and rate sample) per version; a
+  sample enters the medians clipped to within a factor CLIP of the current estimate; and for its
+  score a relay's rate counts at most at the peers' rate (Speed is 100 there anyway), so invented
+  fast transfers tie an honest relay at best and move a median by one order statistic each.
 - **Route.** A worker asks whom to receive a version from. One that joined after the publication is
   appended to the shortest chain whose tail may relay (else fed by the learner); a parent that has
   been lost since planning is excised first.
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import secrets
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -54,6 +63,7 @@ from echo2.broadcast.plan import (
     PeerStats,
     plan_broadcast,
     relay_floor,
+    tie_order,
 )
 from echo2.config.schema import SLOW_RELAY_FRACTION
 from echo2.control.installs import Installs
@@ -66,6 +76,12 @@ class NotKept(KeyError):
 
 class WrongSnapshot(ValueError):
     """A worker reports installing bytes that differ from the published snapshot."""
+
+
+CLIP = 2.0
+"""A credited rate enters the Bw_hat and peers'-rate windows clipped to [median / CLIP,
+median * CLIP] of the window it joins: a handful of invented transfers at any rate shift a median by at most one order
+statistic each, and even a window they fill moves by at most this factor per window."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +121,15 @@ class SnapshotBlob:
     """Views into `data`, one per manifest entry."""
 
 
+def clip(rate: float, window: deque[float]) -> float:
+    """`rate` within a factor CLIP of the median of `window` (as it is once it holds
+    PEER_RATE_SAMPLES; before that the first samples, not a configured guess, set the scale)."""
+    if len(window) < PEER_RATE_SAMPLES:
+        return rate
+    estimate = statistics.median(window)
+    return min(max(rate, estimate / CLIP), estimate * CLIP)
+
+
 def make_blob(version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey) -> SnapshotBlob:
     """Hash, cut and sign a snapshot (no copy of the bytes)."""
     manifest, chunks = make_manifest(version, memoryview(data), chunk_size, key)
@@ -114,10 +139,14 @@ def make_blob(version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey
 
 
 class BroadcastState:
-    def __init__(self, policy: BroadcastPolicy) -> None:
+    def __init__(self, policy: BroadcastPolicy, *, seed: int | None = None) -> None:
         if policy.mode not in ("chain", "star"):
             raise ValueError(f"broadcast mode must be 'chain' or 'star', not {policy.mode!r}")
         self.policy = policy
+        self.seed = secrets.randbits(64) if seed is None else seed
+        """Secret: the tie-break order of each version's plan is drawn from it (plan.tie_order)."""
+        self.relay_credited: set[tuple[int, str]] = set()
+        """(version, relay) pairs already credited: one credit per relay and version."""
         self.snapshots: dict[int, SnapshotBlob] = {}
         self.plans: dict[int, ChainPlan] = {}
         self.leaf_only: dict[int, set[str]] = {}
@@ -168,13 +197,18 @@ class BroadcastState:
         stats = self.stats.get(worker_id)
         return peers[worker_id].relay_url is not None and (stats is None or stats.may_relay())
 
-    def make_plan(self, peers: dict[str, Peer], now: float) -> ChainPlan:
+    def tie_seed(self, version: int) -> int | None:
+        """The seed of `version`'s tie-break order (None: by worker id, for tests that subclass)."""
+        return hash((self.seed, version)) & (2**64 - 1)
+
+    def make_plan(self, peers: dict[str, Peer], now: float, version: int = 0) -> ChainPlan:
         reference = self.reference_bps()
         infos = [
             PeerInfo(
                 worker_id=w,
                 score=(self.stats[w] if w in self.stats else PeerStats()).score(now, reference),
                 inbound=self._can_relay(w, peers),
+                established=w in self.stats and self.stats[w].successes > 0,
             )
             for w in sorted(peers)
         ]
@@ -183,13 +217,14 @@ class BroadcastState:
             mode=self.policy.mode,
             uplink_bps=self.policy.uplink_budget_bps or math.inf,
             worker_bps=self.bw_hat(),
+            seed=self.tie_seed(version),
         )
 
     def publish(self, blob: SnapshotBlob, peers: dict[str, Peer], now: float, *, keep: int) -> None:
         v = blob.version
         self.snapshots[v] = blob
         self.installs.published(v, now)
-        self.plans[v] = self.make_plan(peers, now)
+        self.plans[v] = self.make_plan(peers, now, v)
         for w in peers:  # a demoted relay has sat out this plan as a tail
             if w in self.stats:
                 self.stats[w].demoted = False
@@ -207,6 +242,7 @@ class BroadcastState:
                 self.receiving.pop(v, None)
                 self.slow_reported.pop(v, None)
                 self.ledger.forget(v)
+                self.relay_credited = {k for k in self.relay_credited if k[0] != v}
 
     # ------------------------------------------------------------------ routing
     def route(
@@ -250,7 +286,8 @@ class BroadcastState:
             tails = self._open_tails(plan, version, peers)
             open_tails = [i for i, chain in enumerate(chains) if chain[-1] in tails]
             if open_tails:
-                i = min(open_tails, key=lambda i: len(chains[i]))
+                seed = self.tie_seed(version)
+                i = min(open_tails, key=lambda i: (len(chains[i]), tie_order(seed, chains[i][-1])))
                 chains[i] = chains[i] + (worker_id,)
                 return ChainPlan(chains=tuple(chains), mode=plan.mode)
         return ChainPlan(chains=(*chains, (worker_id,)), mode=plan.mode)
@@ -313,7 +350,9 @@ class BroadcastState:
             raise WrongSnapshot(f"sha256 {sha256[:12]}... is not the one published for version {version}")
         for parent_id, nbytes, seconds in transfers if blob is not None else ():
             key = (version, parent_id, worker_id)
-            self._credit(self.ledger.received(key, nbytes, seconds, size=len(blob.data), now=now), now)
+            self._credit(
+                version, self.ledger.received(key, nbytes, seconds, size=len(blob.data), now=now), now
+            )
         self.note_version(worker_id, version, now)
         self.installs.update(peers)
 
@@ -324,17 +363,28 @@ class BroadcastState:
         blob = self.snapshots.get(version)
         if blob is not None:
             key = (version, parent_id, receiver_id)
-            self._credit(self.ledger.sent(key, nbytes, seconds, size=len(blob.data), now=now), now)
+            self._credit(version, self.ledger.sent(key, nbytes, seconds, size=len(blob.data), now=now), now)
 
-    def _credit(self, credit: Credit | None, now: float) -> None:
+    def _credit(self, version: int, credit: Credit | None, now: float) -> None:
+        """Count an agreed transfer: the learner's (timed by the coordinator itself) always; a
+        relay's once per version, its rate clipped (CLIP) for the medians and capped at the peers'
+        rate for its score."""
         if credit is None:
             return
-        if credit.bytes > 0:
-            self.rates.append(credit.bytes / credit.seconds)
-        if credit.parent_id is not None:
-            self._stats(credit.parent_id).record_transfer(credit.bytes, credit.seconds, now)
-            if credit.bytes > 0:
-                self.relay_rates.append(credit.bytes / credit.seconds)
+        parent = credit.parent_id
+        if parent is not None:
+            if (version, parent) in self.relay_credited:
+                return
+            self.relay_credited.add((version, parent))
+        rate = credit.bytes / credit.seconds if credit.bytes > 0 else None
+        if rate is not None:
+            self.rates.append(clip(rate, self.rates))
+        if parent is not None:
+            reference = self.reference_bps()
+            seconds = max(credit.seconds, credit.bytes / reference)  # faster than the peers gains nothing
+            self._stats(parent).record_transfer(credit.bytes, seconds, now)
+            if rate is not None:
+                self.relay_rates.append(clip(rate, self.relay_rates))
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
         """The worker runs `version` (and so no longer receives any version up to it). False (and

@@ -1,0 +1,127 @@
+"""Issue 22 case 5: who relays to whom cannot be bought.
+
+At 97ea5ef ties among new relays went to the lower worker id, so re-registering until the id sorted
+first made one worker the victim's parent in 11 of 11 versions; and two workers confirming each
+other's invented transfers reached score 99.9 and moved the bandwidth estimate to 80,966 Mbit/s.
+These drive the coordinator's broadcast bookkeeping (control/broadcast.py) directly, as the
+coordinator would, with the reports both sides send.
+"""
+
+from __future__ import annotations
+
+import random
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer, make_blob
+
+KEY = Ed25519PrivateKey.generate()
+MB = 1e6
+R = 12.5 * MB
+"""Every honest link's rate (100 Mbit/s)."""
+SIZE = 4_000_000
+
+
+def fleet(*ids: str) -> dict[str, Peer]:
+    return {w: Peer(worker_id=w, relay_url=f"http://{w}:1", registered_at=0.0) for w in ids}
+
+
+def test_re_registering_for_a_low_id_does_not_make_a_worker_the_victims_parent():
+    """The attacker keeps, of 20 registrations per version, the identity that sorts first (what
+    won every tie before); the victim's id sorts first among the honest. One chain, all newcomers:
+    by chance the attacker precedes the victim in 1 of 9 versions."""
+    honest = [f"w{i}" for i in range(7)]
+    st = BroadcastState(BroadcastPolicy(mode="chain", uplink_budget_bps=R, worker_bps=R))
+    rng = random.Random(0)
+    versions, hits = 300, 0
+    for v in range(versions):
+        attacker = min(f"{rng.getrandbits(32):08x}"[:1] + f"-{rng.getrandbits(32):08x}" for _ in range(20))
+        attacker = "0" + attacker  # sorts before every honest id, the victim's included
+        live = fleet("a-victim", *honest, attacker)
+        st.publish(make_blob(v, bytes([v % 256]) * 64, 16, KEY), live, float(v), keep=2)
+        hits += st.plans[v].parent_of("a-victim") == attacker
+    chance = versions / 9
+    assert hits < 2 * chance, f"the attacker was the victim's parent in {hits} of {versions} versions"
+
+
+def test_a_newcomer_ranks_below_an_established_relay_however_often_it_registers():
+    st = BroadcastState(BroadcastPolicy(mode="chain", uplink_budget_bps=R, worker_bps=R))
+    live = fleet("old", "new")
+    st.publish(make_blob(0, b"x" * 64, 16, KEY), live, 0.0, keep=2)
+    # "old" relayed one transfer both sides confirmed, at a tenth of the rate (score about 50 < 55)
+    for w in ("old", "new"):
+        st.route(w, 0, live, now=0.0)
+    parent = st.plans[0].parent_of("new") or st.plans[0].parent_of("old")
+    child = "new" if parent == "old" else "old"
+    st.sent(parent, 0, child, 64, 64 / (R / 10), now=1.0)
+    st.installed(child, 0, st.snapshots[0].sha256, [(parent, 64, 64 / (R / 10))], live, now=1.0)
+    assert st.stats[parent].successes == 1
+    for v in range(1, 40):  # the other re-registers under a fresh id for every version
+        fresh = f"new{v}"
+        live = fleet(parent, fresh)
+        st.publish(make_blob(v, b"y" * 64, 16, KEY), live, float(v), keep=2)
+        assert st.plans[v].chains[0][0] == parent, "a proven relay stays above every newcomer"
+
+
+def simulate(*, collude: bool, noise: float, versions: int = 60, seed: int = 1) -> BroadcastState:
+    """Six honest workers and two colluders, two chains of four. Honest links run at R (times
+    1 +- `noise`); colluding, the pair confirm each other's invented 1 ms transfers whenever one is
+    routed to the other (and claim them when not), confirm no honest parent's transfer, and bring
+    10 sybils per version that confirm invented transfers from whichever colluder feeds them."""
+    rng = random.Random(seed)
+    honest = [f"h{i}" for i in range(6)]
+    colluders = ("c0", "c1")
+    live = fleet(*honest, *colluders)
+    st = BroadcastState(BroadcastPolicy(mode="chain", uplink_budget_bps=2 * R, worker_bps=R), seed=seed)
+    t = 0.0
+    for v in range(versions):
+        blob = make_blob(v, bytes([v % 256]) * SIZE, 10**6, KEY)
+        st.publish(blob, live, t, keep=2)
+        for receiver in sorted(live):
+            parent, _ = st.route(receiver, v, live, now=t)
+            fake = collude and parent in colluders and receiver in colluders
+            honest_secs = SIZE / (R * (1 + rng.uniform(-noise, noise)))  # drawn alike in both runs
+            secs = 1e-3 if fake else honest_secs
+            if not (collude and receiver in colluders and parent not in colluders):
+                st.installed(receiver, v, blob.sha256, [(parent, SIZE, secs)], live, now=t + secs)
+            st.sent(parent, v, receiver, SIZE, secs, now=t + secs)
+        if collude:  # sybils join late (attached behind open tails) and confirm a colluding parent
+            for k in range(10):
+                sybil = f"s{v}-{k}"
+                now_live = {**live, **fleet(sybil)}
+                parent, _ = st.route(sybil, v, now_live, now=t)
+                if parent in colluders:
+                    st.sent(parent, v, sybil, SIZE, 1e-3, now=t + 1e-3)
+                    st.installed(sybil, v, blob.sha256, [(parent, SIZE, 1e-3)], now_live, now=t + 1e-3)
+            for a, b in (colluders, colluders[::-1]):  # and unrouted claims of each other
+                st.sent(a, v, b, SIZE, 1e-3, now=t + 1e-3)
+                st.installed(b, v, blob.sha256, [(a, SIZE, 1e-3)], live, now=t + 1e-3)
+        t += 10.0
+    return st
+
+
+def records(st: BroadcastState) -> dict[str, float]:
+    """Each relay's score as of its last transfer: its record, without the idle decay (which only
+    says how long ago the plan last gave it a child)."""
+    ref = st.reference_bps()
+    return {w: s.score(s.last_update, ref) for w, s in st.stats.items()}
+
+
+def test_colluders_inventing_transfers_cannot_outrank_an_honest_relay():
+    scores = records(simulate(collude=True, noise=0.0))
+    honest = [v for w, v in scores.items() if w.startswith("h")]
+    colluding = [v for w, v in scores.items() if w.startswith("c")]
+    assert honest and colluding
+    assert max(colluding) <= min(honest), scores
+    scores = records(simulate(collude=True, noise=0.05))
+    assert max(v for w, v in scores.items() if w.startswith("c")) <= max(
+        v for w, v in scores.items() if w.startswith("h")
+    ), scores
+
+
+def test_colluders_move_the_bandwidth_estimate_by_at_most_10_percent():
+    for noise in (0.0, 0.05):  # at +-20% link noise a 20-sample median wanders about as much itself
+        honest, attacked = simulate(collude=False, noise=noise), simulate(collude=True, noise=noise)
+        for figure in ("bw_hat", "reference_bps"):
+            base, moved = getattr(honest, figure)(), getattr(attacked, figure)()
+            assert abs(moved - base) <= 0.10 * base, (noise, figure, base / MB, moved / MB)
