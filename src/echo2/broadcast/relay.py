@@ -31,6 +31,12 @@ API, all coroutines run in one event loop::
     peer = BroadcastPeer(PeerConfig(url=coordinator_url, token=TOKEN, name="name", inbound=True))
     await peer.run(stop)                            # until stop is set; peer.installed: {v: sha256}
 
+Deltas (issue 24): a route may say `form: "delta"`; the delta's manifest and chunks are fetched
+with `?form=delta` (`GET /v1/manifest/{v}?form=delta`, `GET /v1/chunks/{v}?form=delta`) and held in
+a second ChunkStore (`RelayServer(store, deltas=...)`), which the relay serves the same way: it
+forwards the chunks it verified, whatever their form; a version the worker takes in the other
+form is `skip`ped, so a child waiting for it there is told "gone" at once.
+
 What the coordinator serves for this (docs/protocol.md): `GET /v1/published?after=V`,
 `GET /v1/manifest/{v}` (signed), `GET /v1/chunks/{v}?from=K` (the learner as a parent),
 `POST /v1/broadcast/route`, `POST /v1/broadcast/failure` (both answer `{version, parent_id, url}`;
