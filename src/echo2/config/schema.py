@@ -83,6 +83,11 @@ class RolloutConfig(_Section):
     """Sampling temperature; the learner evaluates log-probs at the same temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass, in (0, 1]."""
+    sampling: Literal["multinomial", "gumbel"] = "multinomial"
+    """How engines draw tokens. "multinomial": the engine's own sampler. "gumbel": verifiable
+    sampling (rollout/sampling.py): the arg-max of the truncated logits / T plus Gumbel noise keyed
+    by the lease's seed (issued by the coordinator), the record and the position, which the learner
+    regenerates to refuse, with a strike, a record whose tokens were not sampled that way."""
     max_new_tokens: int = Field(32, ge=1)
     """Responses are cut at this length (or at EOS)."""
     max_prompt_tokens: int = Field(256, ge=1)
@@ -97,6 +102,11 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> RolloutConfig:
+        if self.engine == "vllm" and self.sampling == "gumbel":
+            raise ValueError(
+                'rollout.sampling: "gumbel" (verifiable sampling) is implemented by the hf engine only '
+                '(rollout.engine = "vllm" given)'
+            )
         if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
             # vLLM returns raw log-probs (no temperature) or processed ones (renormalised over the
             # nucleus): at T = 1 the raw ones are the learner's (rollout/vllm_args.py logprobs_mode).

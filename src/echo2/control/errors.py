@@ -44,6 +44,7 @@ class Reason(StrEnum):
     WRONG_PROMPT = "wrong_prompt"
     REWARD_MISMATCH = "reward_mismatch"
     LOGPROB_MISMATCH = "logprob_mismatch"
+    NOT_SAMPLED = "not_sampled"
     WRONG_VERSION = "wrong_version"
     QUARANTINED = "quarantined"
     LEASE_LIMIT = "lease_limit"
@@ -69,6 +70,7 @@ INVALID = frozenset(
         Reason.WRONG_PROMPT,
         Reason.REWARD_MISMATCH,
         Reason.LOGPROB_MISMATCH,
+        Reason.NOT_SAMPLED,
         Reason.WRONG_VERSION,
     }
 )

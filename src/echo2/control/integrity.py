@@ -28,6 +28,7 @@ INTEGRITY = frozenset(
         Reason.WRONG_PROMPT,
         Reason.REWARD_MISMATCH,
         Reason.LOGPROB_MISMATCH,
+        Reason.NOT_SAMPLED,
         Reason.WRONG_GROUP,
         Reason.PARTIAL_GROUP,
         Reason.FUTURE_VERSION,

@@ -29,7 +29,7 @@ from echo2.learning.checkpoint import LearnerState, load_checkpoint
 from echo2.learning.device import place as place_on_device
 from echo2.learning.lora import adapter_state, apply_lora, is_lora
 from echo2.learning.step import make_optimizer, train_step
-from echo2.learning.verify import StepCheck
+from echo2.learning.verify import StepCheck, sampling_check
 from echo2.models import load_model, load_tokenizer
 
 
@@ -80,7 +80,13 @@ def follow(config: Config) -> dict[str, Any]:
     lcfg = config.learner
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     learner = place(load(config), config)
-    check = StepCheck(max_logratio=lcfg.max_logratio, staleness=lcfg.staleness)
+    check = StepCheck(
+        max_logratio=lcfg.max_logratio,
+        staleness=lcfg.staleness,
+        sampling=sampling_check(
+            config.rollout, is_env=config.task.type == "env", eos_id=learner.tokenizer.eos_token_id
+        ),
+    )
 
     def train(groups) -> None:
         train_step(

@@ -42,8 +42,9 @@ def micro_batches(records: list[Trajectory], budget: int) -> Iterator[list[int]]
         yield batch
 
 
-def response_logprobs(model, batch: TrainBatch, *, temperature: float) -> torch.Tensor:
-    """log pi(response tokens) [B, K]; the lm head runs only on the last K + 1 positions."""
+def response_logits(model, batch: TrainBatch) -> torch.Tensor:
+    """The logits [B, K, V] that predict the response tokens; the lm head runs only on the last
+    K + 1 positions."""
     k = batch.targets.shape[1]
     out = model(
         input_ids=batch.input_ids,
@@ -52,7 +53,12 @@ def response_logprobs(model, batch: TrainBatch, *, temperature: float) -> torch.
         logits_to_keep=k + 1,
         use_cache=False,
     )
-    return token_logprobs(out.logits[:, :-1], batch.targets, temperature=temperature)
+    return out.logits[:, :-1]
+
+
+def response_logprobs(model, batch: TrainBatch, *, temperature: float) -> torch.Tensor:
+    """log pi(response tokens) [B, K]."""
+    return token_logprobs(response_logits(model, batch), batch.targets, temperature=temperature)
 
 
 def train_step(
@@ -90,6 +96,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
     record_staleness = staleness or [0] * len(records)
+    bad_keys = check.sampling.bad_keys(groups) if check is not None and check.sampling is not None else set()
     token_log_ratio, token_corrected, token_staleness = [], [], []
     for rows, live in distributed.share(micro_batches(records, config.micro_batch_tokens), records):
         batch = to_tensors([records[i] for i in rows], pad_id=pad_id, advantages=[adv_flat[i] for i in rows])
@@ -97,9 +104,11 @@ def train_step(
         if batch.num_loss_tokens == 0:
             continue
         with precision(model, config):
-            logp = response_logprobs(model, batch, temperature=temperature)
-            if check is not None and check.max_logratio is not None:
-                batch = _leave_out_outliers(batch, logp, [records[i] for i in rows], check, newest)
+            logits = response_logits(model, batch)
+            logp = token_logprobs(logits, batch.targets, temperature=temperature)
+            if check is not None:
+                batch = _leave_out(batch, logits, logp, [records[i] for i in rows], check, newest, bad_keys)
+            del logits
             ref_logp = None
             if ref_model is not None:
                 with torch.no_grad():
@@ -160,17 +169,27 @@ def train_step(
         "train/adv_abs_mean": float(advantages.abs().mean()),
         "train/skipped_step": 0.0 if applied else 1.0,
         "train/refused_records": float(len(check.refused)) if check is not None else 0.0,
+        **_sampling_stats(check),
     }
 
 
-def _leave_out_outliers(batch, logp: torch.Tensor, rows: list[Trajectory], check: StepCheck, newest: int):
-    """`batch` without the rows whose log-probs disagree with `logp`: their mask is zeroed and their
+def _leave_out(
+    batch, logits: torch.Tensor, logp: torch.Tensor, rows: list[Trajectory], check: StepCheck, newest: int, bad_keys
+):
+    """`batch` without the rows whose log-probs disagree with `logp`, or (with `check.sampling`)
+    whose tokens were not sampled with their noise from `logits`: their mask is zeroed and their
     behaviour log-probs replaced by the learner's (a ratio of 1), so not even an overflowing ratio
-    multiplied by zero reaches the loss."""
-    bad = check.outliers(logp, batch.behaviour_logprobs, batch.loss_mask, rows, newest)
+    multiplied by zero reaches the loss. A row is reported once, under the log-prob reason first."""
+    bad = torch.zeros(len(rows), dtype=torch.bool, device=logp.device)
+    if check.max_logratio is not None:
+        bad = check.outliers(logp, batch.behaviour_logprobs, batch.loss_mask, rows, newest)
+        check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)
+    if check.sampling is not None:
+        unsampled = check.sampling.unsampled(logits, batch.targets, rows, bad_keys).to(bad.device) & ~bad
+        check.sampling.refused.extend(r for r, b in zip(rows, unsampled.tolist(), strict=True) if b)
+        bad = bad | unsampled
     if not bool(bad.any()):
         return batch
-    check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)
     keep = (~bad).to(batch.loss_mask.dtype).unsqueeze(1)
     own = logp.detach().to(batch.behaviour_logprobs.dtype)
     return dataclasses.replace(
@@ -178,6 +197,15 @@ def _leave_out_outliers(batch, logp: torch.Tensor, rows: list[Trajectory], check
         loss_mask=batch.loss_mask * keep,
         behaviour_logprobs=torch.where(bad.unsqueeze(1), own, batch.behaviour_logprobs),
     )
+
+
+def _sampling_stats(check: StepCheck | None) -> dict[str, float]:
+    if check is None or check.sampling is None:
+        return {}
+    return {
+        "train/unsampled_records": float(len(check.sampling.refused)),
+        "train/sampling_margin_max": check.sampling.margin_max,
+    }
 
 
 def make_optimizer(model, config: LearnerConfig) -> torch.optim.Optimizer:

@@ -12,7 +12,9 @@ this module checks what only the learner's side can.
 - `StepCheck` (run inside `train_step`): a record whose behaviour log-probs disagree with the
   learner's own recomputation, beyond what its staleness explains, in the mean over its tokens or
   in any one token, is left out of the step and reported; a step whose loss or gradient is not
-  finite is not applied.
+  finite is not applied. With a `SamplingCheck` (rollout.sampling = "gumbel"), a record any of
+  whose tokens is not the arg-max of the keyed Gumbel scores (rollout/sampling.py) within
+  `sampling.TOLERANCE`, or whose keys are missing or repeated, is left out and reported too.
 
 Knows tasks, tokenizers and tensors; no network, no coordinator state (it returns problems and
 lists; the caller counts them and strikes the workers).
@@ -29,6 +31,7 @@ import torch
 from echo2.control.validate import Problem, printable
 from echo2.data.tasks.base import Prompt, Task
 from echo2.records import Trajectory
+from echo2.rollout import sampling
 from echo2.rollout.engine import encode_prompt
 
 REWARD_TOLERANCE = 1e-6
@@ -96,6 +99,101 @@ in the mean."""
 
 
 @dataclass(slots=True, kw_only=True)
+class SamplingCheck:
+    """Verifiable sampling at the learner: were a record's tokens the arg-max of its keyed noise?
+
+    A record's seed is the one the coordinator attached when it accepted it (`sampling.SEED_KEY`,
+    from the lease); its record key is its group id and its index in the group
+    (`sampling.SAMPLE_KEY`), which must be an int in [0, group_size) and unique in its group, so a
+    worker gets exactly group_size noise draws per leased prompt. Environment episodes (several
+    generate calls per record, env tokens between them) are not checked."""
+
+    temperature: float
+    top_p: float
+    group_size: int
+    max_new_tokens: int
+    eos_id: int | None
+    tolerance: float = sampling.TOLERANCE
+    refused: list[Trajectory] = field(default_factory=list)
+    """Records left out of the step: not sampled with their noise, or their keys are bad."""
+    tokens: int = 0
+    """Tokens checked."""
+    margin_max: float = 0.0
+    """The largest finite margin (arg-max score - the sampled token's score) seen."""
+
+    def bad_keys(self, groups: list[list[Trajectory]]) -> set[str]:
+        """Record ids whose seed or sample index is missing, out of range or repeated in the group,
+        or whose response does not end as the engines end one (at its first EOS, or else at
+        max_new_tokens): a response cut short, or continued after EOS, was chosen."""
+        bad: set[str] = set()
+        for group in groups:
+            seen: dict[int, int] = {}
+            for r in group:
+                seed, j = r.metadata.get(sampling.SEED_KEY), r.metadata.get(sampling.SAMPLE_KEY)
+                resp = r.response_ids
+                ends = len(resp) == self.max_new_tokens or (self.eos_id is not None and resp[-1:] == (self.eos_id,))
+                if self.eos_id is not None and self.eos_id in resp[:-1]:
+                    ends = False
+                if not ends or not _int_in(seed, 0, 2**63) or not _int_in(j, 0, self.group_size):
+                    bad.add(r.record_id)
+                else:
+                    seen[j] = seen.get(j, 0) + 1
+            bad.update(r.record_id for r in group if seen.get(r.metadata.get(sampling.SAMPLE_KEY), 0) > 1)
+        return bad
+
+    def unsampled(
+        self, logits: torch.Tensor, targets: torch.Tensor, records: list[Trajectory], bad_keys: set[str]
+    ) -> torch.Tensor:
+        """Rows [B] of `records` (right-aligned responses, as `to_tensors` lays them out) whose
+        tokens `targets` [B, K] were not sampled from `logits` [B, K, V] with their noise, or whose
+        keys are in `bad_keys`."""
+        num_pos = targets.shape[1]
+        bad = torch.tensor([r.record_id in bad_keys for r in records])
+        starts = torch.tensor([num_pos - len(r.response_ids) for r in records])
+        mask = torch.arange(num_pos)[None, :] >= starts[:, None]
+        mask &= ~bad[:, None]
+        verdict = sampling.check(
+            logits.detach(),
+            targets,
+            mask,
+            starts=starts,
+            seed=[int(r.metadata[sampling.SEED_KEY]) if not b else 0 for r, b in zip(records, bad.tolist())],
+            records=torch.tensor(
+                [
+                    sampling.record_key(r.group_id, int(r.metadata[sampling.SAMPLE_KEY])) if not b else 0
+                    for r, b in zip(records, bad.tolist())
+                ]
+            ),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            tolerance=self.tolerance,
+        )
+        checked = verdict.margins[mask.to(verdict.margins.device)]
+        finite = checked[torch.isfinite(checked)]
+        self.tokens += checked.numel()
+        self.margin_max = max(self.margin_max, float(finite.max()) if finite.numel() else 0.0)
+        return bad | ~verdict.ok.cpu()
+
+
+def sampling_check(rollout, *, is_env: bool, eos_id: int | None) -> SamplingCheck | None:
+    """The learner's check of `rollout.sampling = "gumbel"` (a `RolloutConfig`), or None: sampled
+    otherwise, or an environment task (its records are episodes of several generate calls)."""
+    if rollout.sampling != "gumbel" or is_env:
+        return None
+    return SamplingCheck(
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        group_size=rollout.group_size,
+        max_new_tokens=rollout.max_new_tokens,
+        eos_id=eos_id,
+    )
+
+
+def _int_in(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+@dataclass(slots=True, kw_only=True)
 class StepCheck:
     """What `train_step` verifies, and what it refused."""
 
@@ -108,6 +206,8 @@ class StepCheck:
     """The version the step trains from (None: the newest record's version + `staleness`, the
     loosest admissible, as ranks > 0 under torchrun see it)."""
     staleness: int = 0
+    sampling: SamplingCheck | None = None
+    """Verifiable sampling (rollout.sampling = "gumbel" with workers); None: not checked."""
     refused: list[Trajectory] = field(default_factory=list)
     """Records left out of the step: their log-probs disagree with the learner's."""
     skipped: bool = False

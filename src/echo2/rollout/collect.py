@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from echo2.data.tasks.base import Prompt, Task
 from echo2.records import Trajectory
-from echo2.rollout.engine import Engine
+from echo2.rollout.engine import Engine, default_keys
+from echo2.rollout.sampling import SAMPLE_KEY, SEED_KEY, SamplingKeys
 
 
 def rollout_seed(run_seed: int, first_index: int) -> int:
@@ -17,18 +18,32 @@ def rollout_seed(run_seed: int, first_index: int) -> int:
     return run_seed * 1_000_003 + first_index
 
 
-def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> list[list[Trajectory]]:
+def collect(
+    engine: Engine, task: Task, prompts: list[Prompt], *, n: int, sampling_seed: int | None = None
+) -> list[list[Trajectory]]:
     """One group of n scored records per prompt, tagged with the engine's installed version. An
-    environment task plays n whole episodes per prompt instead (rollout/episodes.py)."""
+    environment task plays n whole episodes per prompt instead (rollout/episodes.py).
+    `sampling_seed`: the lease's, keying the noise under rollout.sampling = "gumbel" (None: one
+    from torch's generator). Each record carries its index in its group (`SAMPLE_KEY`), which with
+    its group id keys its noise, and the seed (`SEED_KEY`; the coordinator replaces it with its
+    lease's, rollout/sampling.py)."""
     if getattr(task, "is_env", False):
         from echo2.rollout.episodes import collect_episodes
 
         return collect_episodes(engine, task, prompts, n=n, config=engine.config)
     version = engine.version
     groups = []
-    for prompt, samples in zip(prompts, engine.generate(prompts, n=n), strict=True):
+    if sampling_seed is None and getattr(engine, "config", None) is not None and engine.config.sampling == "gumbel":
+        sampling_seed = default_keys([]).seed  # no lease (the in-process loop): torch's generator
+    if sampling_seed is None:
+        generated = engine.generate(prompts, n=n)
+    else:
+        keys = SamplingKeys(seed=sampling_seed, groups=tuple(p.group_id for p in prompts))
+        generated = engine.generate(prompts, n=n, keys=keys)
+    sampled = {} if sampling_seed is None else {SEED_KEY: sampling_seed}  # a coordinator overwrites it
+    for prompt, samples in zip(prompts, generated, strict=True):
         group = []
-        for s in samples:
+        for j, s in enumerate(samples):
             score = task.score(prompt, s.text)
             group.append(
                 Trajectory(
@@ -39,7 +54,13 @@ def collect(engine: Engine, task: Task, prompts: list[Prompt], *, n: int) -> lis
                     loss_mask=task.loss_mask(s.response_ids),
                     reward=score.reward,
                     version=version,
-                    metadata={"correct": score.correct, "parsed": score.parsed, "answer": prompt.answer},
+                    metadata={
+                        "correct": score.correct,
+                        "parsed": score.parsed,
+                        "answer": prompt.answer,
+                        SAMPLE_KEY: j,
+                        **sampled,
+                    },
                 )
             )
         groups.append(group)

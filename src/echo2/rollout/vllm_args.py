@@ -153,7 +153,14 @@ def logprobs_mode(config: RolloutConfig) -> str:
 def check_sampling(config: RolloutConfig) -> None:
     """ConfigError naming rollout.top_p for what vLLM cannot give the learner's log-probs for:
     top_p < 1 with temperature != 1 (its processed log-probs are renormalised over the nucleus, its
-    raw ones lack the temperature)."""
+    raw ones lack the temperature); ConfigError naming rollout.sampling for "gumbel", which this
+    engine does not sample by yet (docs/security.md, verifiable sampling: what is left), so a
+    worker would have every record refused by the learner."""
+    if config.sampling == "gumbel":
+        raise ConfigError(
+            'rollout.sampling: "gumbel" (verifiable sampling) is implemented by the hf engine only; '
+            'use rollout.engine = "hf" (echo2 worker --engine hf) or rollout.sampling = "multinomial"'
+        )
     if config.top_p < 1 and config.temperature != 1:
         raise ConfigError(
             f"rollout.top_p: the vllm engine samples top_p = {config.top_p} < 1 only at "
