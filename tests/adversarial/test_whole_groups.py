@@ -52,11 +52,11 @@ def test_a_partial_group_is_refused_and_the_returned_prompts_go_whole_to_an_hone
 def test_returning_leases_without_pushing_strikes_past_the_allowance(door: Door, mallory: HostileWorker):
     allowance = door.state.intake.max_leases_per_worker
     strikes = door.state.intake.integrity.strikes
-    for i in range(allowance):
+    for _ in range(allowance):
         status, lease = mallory.lease()
         assert status == 200 and _return(mallory, lease["lease_id"])[0] == 200
     assert strikes[mallory.worker_id] == 0, "an honest worker gives back what it holds, once"
-    for i in range(door.state.intake.integrity.quarantine_after):
+    for _ in range(door.state.intake.integrity.quarantine_after):
         status, lease = mallory.lease()
         assert status == 200, lease
         assert _return(mallory, lease["lease_id"])[0] == 200

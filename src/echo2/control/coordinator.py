@@ -75,6 +75,7 @@ class Coordinator:
         """Accept a relay_host other than the address a registration came from."""
         self.max_body = max_body
         self.snapshots = SnapshotRoutes(state.publisher, uplink_bps=uplink_bps, stream_bps=stream_bps)
+        self.snapshots.on_wrong_snapshot = state.intake.install_refused
         """The learner's end of snapshot broadcast (snapshot_routes.py)."""
         self._published: asyncio.Event | None = None
         self._stopping = False
@@ -130,6 +131,7 @@ class Coordinator:
                 raise Forbidden("a worker's call needs the credential it was given at registration")
             return None
         if name == "register":
+            self.state.check_not_banned(presented)  # a quarantined worker's own credential: 403
             raise Unauthorized("registration needs the run token")
         if not presented.isascii():  # credentials are ASCII (identity.credential)
             raise Unauthorized("wrong bearer token")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from echo2.control.errors import InvalidBatch, LeaseLimit, Quarantined, Refused
+from echo2.control.errors import InvalidBatch, LeaseLimit, Quarantined, Reason, Refused
 from echo2.control.integrity import RETURNED_UNPUSHED, Integrity
 from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
@@ -163,6 +163,14 @@ class Intake:
                 lease = self.ingestion.screen(
                     worker_id, lease_id, fresh, published_version=self.shared.published_version
                 )
+                bad = self.integrity.bad_installs.get(worker_id, ())
+                if bad and (wrong := next((r for r in fresh if r.version in bad), None)) is not None:
+                    self.ingestion.rejected[Reason.WRONG_SNAPSHOT] += len(fresh)
+                    raise InvalidBatch(
+                        Reason.WRONG_SNAPSHOT,
+                        f"record {printable(wrong.record_id, 64)}: this worker's install report of "
+                        f"version {wrong.version} was refused (not the snapshot the learner published)",
+                    )
             except Refused as e:
                 self._strike(worker_id, e.reason)
                 raise
@@ -203,9 +211,21 @@ class Intake:
                 self._strike(worker_id, reason)
             return workers
 
+    def install_refused(self, worker_id: str, version: int) -> None:
+        """The publisher refused `worker_id`'s install report of `version` (wrong_snapshot): the
+        worker runs weights the learner did not publish (its pinned key was swapped, or it lies).
+        A strike, and its records of that version are refused from now on."""
+        with self.shared.lock:
+            self.integrity.install_refused(worker_id, version)
+            self._strike(worker_id, Reason.WRONG_SNAPSHOT)
+
+    def banned(self, credential_digest: bytes) -> bool:
+        """Whether this credential belongs to a worker that was quarantined (a read of a set)."""
+        return credential_digest in self.integrity.banned
+
     def _strike(self, worker_id: str, reason: str) -> None:
         info = self.registry.workers.get(worker_id)
-        if info is not None and self.integrity.strike(worker_id, reason):
+        if info is not None and self.integrity.strike(worker_id, reason, credential=info.secret_digest):
             self.ingestion.put_back_all(worker_id)
             logger.warning(
                 "worker quarantined: %s (%s) after %d refusals (last: %s)",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
 from echo2.broadcast.bucket import TokenBucket
 from echo2.broadcast.stream import PIECE, BadRange, parse_range, serve_stream
-from echo2.control.errors import Unreadable
+from echo2.control.errors import Invalid, Reason, Unreadable
 from echo2.control.http import WORKER, read_body
 from echo2.control.protocol import (
     API,
@@ -45,6 +46,9 @@ class SnapshotRoutes:
         """Cap on each of the learner's chunk streams, bytes/s (the paper's learner sends to each
         seed at Bw; None: only the shared cap)."""
         self.uplink: TokenBucket | None = None  # made in the server's own event loop (`start`)
+        self.on_wrong_snapshot: Callable[[str, int], None] | None = None
+        """Told of each install report refused as `wrong_snapshot` (worker id, version): the
+        intake strikes the worker and refuses its records of that version."""
 
     def start(self) -> None:
         """Called in the server's event loop before it serves."""
@@ -158,7 +162,12 @@ class SnapshotRoutes:
     async def installed(self, request: web.Request) -> web.Response:
         req = await read_body(request, InstalledRequest)
         transfers = [(t.parent_id, t.bytes, t.seconds) for t in req.transfers]
-        self.publisher.report_installed(req.worker_id, req.version, req.sha256, transfers)
+        try:
+            self.publisher.report_installed(req.worker_id, req.version, req.sha256, transfers)
+        except Invalid as e:
+            if e.reason == Reason.WRONG_SNAPSHOT and self.on_wrong_snapshot is not None:
+                self.on_wrong_snapshot(req.worker_id, req.version)
+            raise
         return web.json_response({"ok": True})
 
     async def sent(self, request: web.Request) -> web.Response:

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.control import identity
 from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.errors import Unauthorized, UnknownWorker
+from echo2.control.errors import Quarantined, Unauthorized, UnknownWorker
 from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.intake import Intake, Journal
 from echo2.control.leases import Lease, Limits
@@ -149,10 +149,19 @@ class CoordinatorState:
             raise Unauthorized("missing or wrong bearer token")
         info = self.registry.workers.get(worker_id)
         if info is None:
+            if self.intake.banned(identity.digest(secret)):  # forgotten, but its quarantine is not
+                raise Quarantined(f"worker {worker_id!r} was quarantined; registering again is no remedy")
             raise UnknownWorker(f"worker {worker_id!r} is not registered; register again")
         if not identity.matches(secret, info.secret_digest):
             raise Unauthorized(f"wrong credential for worker {worker_id!r}")
         return worker_id
+
+    def check_not_banned(self, credential: str) -> None:
+        """Refuse (`Quarantined`) a worker credential presented to register again whose worker was
+        quarantined: quarantine is bound to the credential, not the worker id."""
+        _, secret = identity.split(credential)
+        if secret and self.intake.banned(identity.digest(secret)):
+            raise Quarantined("this credential's worker is quarantined; registering again is no remedy")
 
     def heartbeat(self, worker_id: str, *, version: int, throughput: float) -> None:
         with self.shared.lock:
