@@ -40,6 +40,7 @@ def test_a_partial_group_is_refused_and_the_returned_prompts_go_whole_to_an_hone
     assert after["buffer"] == before["buffer"] and after["seen"] == before["seen"], "nothing stored"
     assert door.state.intake.integrity.strikes[mallory.worker_id] == 1
     assert _return(mallory, lease_id)[0] == 200
+    assert door.state.intake.integrity.unpushed[mallory.worker_id] == 0, "a push reached it: not unpushed"
 
     honest = HostileWorker(door.url, "honest")
     lease_id, records = door.honest_lease(honest)  # the returned prompts, handed out first

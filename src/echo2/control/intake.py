@@ -133,18 +133,17 @@ class Intake:
             )
 
     def return_lease(self, worker_id: str, lease_id: str) -> None:
-        """The worker gives its lease back (one it does not hold: nothing happens). One with nothing
-        pushed on it counts against the worker: past `max_leases_per_worker` of them since its last
-        stored push, each is a strike (integrity.py: `returned`)."""
+        """The worker gives its lease back (one it does not hold: nothing happens). One no push ever
+        reached (stored or refused: an honest worker whose push was refused gives its lease back)
+        counts against the worker: past `max_leases_per_worker` of them since its last stored push,
+        each is a strike (integrity.py: `returned`)."""
         with self.shared.lock:
             self.registry.get(worker_id, self.shared.clock())
             lease = self.ingestion.leases.get(lease_id)
             if lease is None or lease.worker_id != worker_id:
                 return
             self.ingestion.put_back(lease)
-            if not lease.done_groups and self.integrity.returned(
-                worker_id, allowance=self.max_leases_per_worker
-            ):
+            if not lease.pushed and self.integrity.returned(worker_id, allowance=self.max_leases_per_worker):
                 self._strike(worker_id, RETURNED_UNPUSHED)
 
     # ------------------------------------------------------------------ ingestion
@@ -159,6 +158,8 @@ class Intake:
             fresh = [r for r in records if not self.buffer.seen(r.record_id)]
             if not fresh:
                 return {"accepted": 0, "duplicates": len(records)}
+            if (held := self.ingestion.leases.get(lease_id)) is not None and held.worker_id == worker_id:
+                held.pushed = True  # refused or not: the worker did not just hold it (`return_lease`)
             try:
                 lease = self.ingestion.screen(
                     worker_id, lease_id, fresh, published_version=self.shared.published_version

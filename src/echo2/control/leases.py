@@ -130,6 +130,8 @@ class Lease:
     """The version the worker asked with (its installed one): its records may not claim an older
     one, which would widen the learner's log-prob bounds (learning/verify.py: `StepCheck`)."""
     done_groups: set[str] = field(default_factory=set)
+    pushed: bool = False
+    """A push on it reached the intake, stored or refused: given back, it is not `unpushed`."""
 
     @property
     def group_ids(self) -> KeysView[str]:
