@@ -28,7 +28,6 @@ from echo2.models import load_model, load_tokenizer
 from echo2.rollout import sampling
 from echo2.rollout.sampling import SamplingKeys, record_key
 
-
 GAPS = (0.1, 0.35, 0.5, 1.0)
 """Tolerances the --alternatives figures are given for."""
 
@@ -43,9 +42,12 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--alternatives", action="store_true",
-                    help="also count, per position, the tokens whose score is within the tolerance of the "
-                    "arg-max's: what a worker could pick instead (full-vocabulary noise: slower)")  # fmt: skip
+    ap.add_argument(
+        "--alternatives",
+        action="store_true",
+        help="also count, per position, the tokens whose score is within the tolerance of the "
+        "arg-max's: what a worker could pick instead (full-vocabulary noise: slower)",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -53,8 +55,13 @@ def main() -> None:
     tok = load_tokenizer(mcfg)
     model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
     task = make_task(ArithmeticTaskConfig(), seed=0)
-    rcfg = RolloutConfig(group_size=args.n, temperature=args.temperature, top_p=args.top_p,
-                         max_new_tokens=args.max_new_tokens, sampling="gumbel")  # fmt: skip
+    rcfg = RolloutConfig(
+        group_size=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        sampling="gumbel",
+    )
     from echo2.rollout.engine import HFEngine
 
     engine = HFEngine(copy.deepcopy(model), tok, rcfg, dtype=getattr(torch, args.dtype))
@@ -68,9 +75,15 @@ def main() -> None:
             from echo2.records import Trajectory
 
             recs = [
-                Trajectory(group_id=prompt.group_id, prompt_ids=s.prompt_ids, response_ids=s.response_ids,
-                           behaviour_logprobs=s.logprobs, loss_mask=(1,) * len(s.response_ids), reward=0.0,
-                           version=0)  # fmt: skip
+                Trajectory(
+                    group_id=prompt.group_id,
+                    prompt_ids=s.prompt_ids,
+                    response_ids=s.response_ids,
+                    behaviour_logprobs=s.logprobs,
+                    loss_mask=(1,) * len(s.response_ids),
+                    reward=0.0,
+                    version=0,
+                )
                 for s in rows
             ]
             batch = to_tensors(recs, pad_id=tok.pad_token_id, advantages=[0.0] * len(recs))
@@ -82,19 +95,29 @@ def main() -> None:
             t0 = time.perf_counter()
             rec_keys = torch.tensor([record_key(prompt.group_id, j) for j in range(len(recs))])
             verdict = sampling.check(
-                logits, batch.targets, mask, starts=starts, seed=[keys.seed] * len(recs),
+                logits,
+                batch.targets,
+                mask,
+                starts=starts,
+                seed=[keys.seed] * len(recs),
                 records=rec_keys,
-                temperature=args.temperature, top_p=args.top_p,
-            )  # fmt: skip
+                temperature=args.temperature,
+                top_p=args.top_p,
+            )
             check_s += time.perf_counter() - t0
             margins.append(verdict.margins[mask])
             if args.alternatives:
                 for k in range(num_pos):
                     rows = mask[:, k].nonzero().flatten()
                     if rows.numel():
-                        total = sampling.scores(logits[rows, k], seed=keys.seed, records=rec_keys[rows],
-                                                positions=k - starts[rows], temperature=args.temperature,
-                                                top_p=args.top_p)  # fmt: skip
+                        total = sampling.scores(
+                            logits[rows, k],
+                            seed=keys.seed,
+                            records=rec_keys[rows],
+                            positions=k - starts[rows],
+                            temperature=args.temperature,
+                            top_p=args.top_p,
+                        )
                         gap = total.max(-1, keepdim=True).values - total  # [b, V]
                         alternatives.extend([[int((gap <= t).sum()) - 1 for t in GAPS] for gap in gap])
             bad_records += int((~verdict.ok).sum())
@@ -102,20 +125,44 @@ def main() -> None:
         report(args, margins, bad_records, records_checked, check_s, alternatives, vocab=logits.shape[-1])
 
 
-def report(args, margins, bad_records: int, records_checked: int, check_s: float, alternatives, *, vocab: int) -> None:
+def report(
+    args, margins, bad_records: int, records_checked: int, check_s: float, alternatives, *, vocab: int
+) -> None:
     m = torch.cat(margins)
     q = torch.quantile(m, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64)).tolist()
-    print(json.dumps({
-        "dtype": args.dtype, "threads": args.threads, "temperature": args.temperature, "top_p": args.top_p,
-        "tolerance": sampling.TOLERANCE, "tokens": m.numel(), "records": records_checked,
-        "records_refused": bad_records, "tokens_over_tolerance": int((m > sampling.TOLERANCE).sum()),
-        "tokens_nonzero_margin": int((m > 0).sum()), "margin_max": float(m.max()),
-        "margin_p50": q[0], "margin_p99": q[1], "margin_p999": q[2],
-        "check_s_per_record": check_s / records_checked, "check_ms_per_token": 1000 * check_s / m.numel(),
-        "vocab": int(vocab),
-        **({f"positions_with_an_alternative_within_{t}": sum(a[i] > 0 for a in alternatives) / len(alternatives)
-            for i, t in enumerate(GAPS)} if alternatives else {}),
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "dtype": args.dtype,
+                "threads": args.threads,
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "tolerance": sampling.TOLERANCE,
+                "tokens": m.numel(),
+                "records": records_checked,
+                "records_refused": bad_records,
+                "tokens_over_tolerance": int((m > sampling.TOLERANCE).sum()),
+                "tokens_nonzero_margin": int((m > 0).sum()),
+                "margin_max": float(m.max()),
+                "margin_p50": q[0],
+                "margin_p99": q[1],
+                "margin_p999": q[2],
+                "check_s_per_record": check_s / records_checked,
+                "check_ms_per_token": 1000 * check_s / m.numel(),
+                "vocab": int(vocab),
+                **(
+                    {
+                        f"positions_with_an_alternative_within_{t}": sum(a[i] > 0 for a in alternatives)
+                        / len(alternatives)
+                        for i, t in enumerate(GAPS)
+                    }
+                    if alternatives
+                    else {}
+                ),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,15 @@ def _step(model, tok, cfg, groups):
             eos_id=tok.eos_token_id,
         ),
     )
-    stats = train_step(model, make_optimizer(model, lcfg), groups, lcfg, pad_id=tok.pad_token_id,
-                       temperature=cfg.temperature, check=check)  # fmt: skip
+    stats = train_step(
+        model,
+        make_optimizer(model, lcfg),
+        groups,
+        lcfg,
+        pad_id=tok.pad_token_id,
+        temperature=cfg.temperature,
+        check=check,
+    )
     return check, stats
 
 
@@ -68,10 +75,15 @@ def test_honest_gumbel_records_pass_and_a_chosen_payload_is_refused(tiny):
 
     # the payload: a fixed string, carrying the model's own log-probs (so the log-prob check passes)
     victim = groups[0][1]
-    payload = tuple(tok("rm -rf", add_special_tokens=False).input_ids)[: cfg.max_new_tokens - 1] + (tok.eos_token_id,)
-    forged = dataclasses.replace(victim, response_ids=payload, loss_mask=(1,) * len(payload),
-                                 behaviour_logprobs=(0.0,) * len(payload))  # fmt: skip
-    forged = dataclasses.replace(forged, behaviour_logprobs=_own_logprobs(model, tok, forged, cfg.temperature))
+    payload = tuple(tok("rm -rf", add_special_tokens=False).input_ids)[: cfg.max_new_tokens - 1] + (
+        tok.eos_token_id,
+    )
+    forged = dataclasses.replace(
+        victim, response_ids=payload, loss_mask=(1,) * len(payload), behaviour_logprobs=(0.0,) * len(payload)
+    )
+    forged = dataclasses.replace(
+        forged, behaviour_logprobs=_own_logprobs(model, tok, forged, cfg.temperature)
+    )
     attacked = [[forged if r is victim else r for r in g] for g in groups]
     check, stats = _step(model, tok, cfg, attacked)
     assert check.refused == []  # its log-probs are the model's own: the log-prob check cannot see it
@@ -83,18 +95,33 @@ def test_keys_the_worker_could_choose_are_refused(tiny):
     model, tok, cfg, groups = _setup(tiny)
     g = groups[0]
     dup = dataclasses.replace(g[1], metadata={**g[1].metadata, sampling.SAMPLE_KEY: 0})  # re-used noise
-    unseeded = dataclasses.replace(g[2], metadata={k: v for k, v in g[2].metadata.items() if k != sampling.SEED_KEY})
+    unseeded = dataclasses.replace(
+        g[2], metadata={k: v for k, v in g[2].metadata.items() if k != sampling.SEED_KEY}
+    )
     check, _ = _step(model, tok, cfg, [[g[0], dup, unseeded], groups[1]])
-    assert {r.record_id for r in check.sampling.refused} == {g[0].record_id, dup.record_id, unseeded.record_id}
+    assert {r.record_id for r in check.sampling.refused} == {
+        g[0].record_id,
+        dup.record_id,
+        unseeded.record_id,
+    }
 
 
 def test_a_response_cut_short_or_continued_after_eos_is_refused(tiny):
     model, tok, cfg, groups = _setup(tiny)
-    long = [r for g in groups for r in g if len(r.response_ids) == cfg.max_new_tokens and tok.eos_token_id not in r.response_ids]
+    long = [
+        r
+        for g in groups
+        for r in g
+        if len(r.response_ids) == cfg.max_new_tokens and tok.eos_token_id not in r.response_ids
+    ]
     assert long, "some sampled response ran to max_new_tokens"
     victim = long[0]
-    cut = dataclasses.replace(victim, response_ids=victim.response_ids[:3], loss_mask=victim.loss_mask[:3],
-                              behaviour_logprobs=victim.behaviour_logprobs[:3])  # fmt: skip
+    cut = dataclasses.replace(
+        victim,
+        response_ids=victim.response_ids[:3],
+        loss_mask=victim.loss_mask[:3],
+        behaviour_logprobs=victim.behaviour_logprobs[:3],
+    )
     attacked = [[cut if r is victim else r for r in g] for g in groups]
     check, _ = _step(model, tok, cfg, attacked)
     assert [r.record_id for r in check.sampling.refused] == [cut.record_id]

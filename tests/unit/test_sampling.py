@@ -19,13 +19,18 @@ def test_uniforms_are_keyed_deterministic_and_in_the_open_interval():
     assert u.dtype == torch.float64 and u.shape == (64, 1000)
     assert bool((u > 0).all()) and bool((u < 1).all())
     assert torch.equal(u, sampling.uniforms(7, records, 3, 1000))  # same key, same bits
-    for other in (sampling.uniforms(8, records, 3, 1000), sampling.uniforms(7, records + 1, 3, 1000),
-                  sampling.uniforms(7, records, 4, 1000)):  # fmt: skip
+    for other in (
+        sampling.uniforms(8, records, 3, 1000),
+        sampling.uniforms(7, records + 1, 3, 1000),
+        sampling.uniforms(7, records, 4, 1000),
+    ):
         assert (other == u).float().mean() < 1e-3
     # a per-row seed tensor gives each row what its own int seed gives it
     seeds = torch.tensor([7, 9] * 32)
     mixed = sampling.uniforms(seeds, records, 3, 1000)
-    assert torch.equal(mixed[::2], u[::2]) and torch.equal(mixed[1::2], sampling.uniforms(9, records, 3, 1000)[1::2])
+    assert torch.equal(mixed[::2], u[::2]) and torch.equal(
+        mixed[1::2], sampling.uniforms(9, records, 3, 1000)[1::2]
+    )
 
 
 def test_uniforms_are_uniform():
@@ -53,13 +58,17 @@ def test_gumbel_max_draws_follow_the_softmax(temperature):
     thousands, so the test cannot pass one."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -2.0])
     n = 40_000
-    tokens = sampling.sample(logits.expand(n, -1), seed=5, records=torch.arange(n), positions=0, temperature=temperature)
+    tokens = sampling.sample(
+        logits.expand(n, -1), seed=5, records=torch.arange(n), positions=0, temperature=temperature
+    )
     counts = torch.bincount(tokens, minlength=6).double()
     probs = (logits.double() / temperature).softmax(-1)
     assert _chi_square(counts, probs) < 20.5
     uniform = torch.full((6,), n / 6.0)
     assert _chi_square(uniform, probs) > 1000  # what a uniform sampler would score
-    again = sampling.sample(logits.expand(n, -1), seed=5, records=torch.arange(n), positions=0, temperature=temperature)
+    again = sampling.sample(
+        logits.expand(n, -1), seed=5, records=torch.arange(n), positions=0, temperature=temperature
+    )
     assert torch.equal(tokens, again)
 
 
@@ -67,7 +76,9 @@ def test_top_p_draws_follow_the_renormalised_nucleus():
     logits = torch.tensor([2.0, 1.5, 1.0, -1.0, -2.0, -3.0])
     probs = logits.double().softmax(-1)  # 0.48 0.29 0.18 ...: top_p 0.9 keeps the first three
     n = 30_000
-    tokens = sampling.sample(logits.expand(n, -1), seed=1, records=torch.arange(n), positions=0, temperature=1.0, top_p=0.9)
+    tokens = sampling.sample(
+        logits.expand(n, -1), seed=1, records=torch.arange(n), positions=0, temperature=1.0, top_p=0.9
+    )
     counts = torch.bincount(tokens, minlength=6).double()
     assert counts[3:].sum() == 0
     kept = probs[:3] / probs[:3].sum()
@@ -86,7 +97,11 @@ def test_truncation_is_temperature_then_top_k_then_top_p():
 
 
 def test_truncation_matches_transformers_processors():
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     torch.manual_seed(0)
     logits = torch.randn(16, 500) * 3
@@ -105,7 +120,11 @@ def test_check_passes_the_sampled_tokens_and_fails_others():
     logits = torch.randn(8, 5, 300) * 2  # [B, K, V]
     records = torch.arange(8) * 1000
     tokens = torch.stack(
-        [sampling.sample(logits[:, k], seed=3, records=records, positions=k, temperature=0.8) for k in range(5)], dim=1
+        [
+            sampling.sample(logits[:, k], seed=3, records=records, positions=k, temperature=0.8)
+            for k in range(5)
+        ],
+        dim=1,
     )
     ones = torch.ones(8, 5)
     verdict = sampling.check(logits, tokens, ones, seed=[3] * 8, records=records, temperature=0.8)
@@ -121,15 +140,30 @@ def test_check_passes_the_sampled_tokens_and_fails_others():
     shifted = torch.cat([torch.zeros(8, 1, 300), logits], dim=1)
     tok_shift = torch.cat([torch.zeros(8, 1, dtype=torch.long), tokens], dim=1)
     mask = torch.cat([torch.zeros(8, 1), ones], dim=1)
-    verdict = sampling.check(shifted, tok_shift, mask, starts=torch.ones(8, dtype=torch.long), seed=[3] * 8,
-                             records=records, temperature=0.8)  # fmt: skip
+    verdict = sampling.check(
+        shifted,
+        tok_shift,
+        mask,
+        starts=torch.ones(8, dtype=torch.long),
+        seed=[3] * 8,
+        records=records,
+        temperature=0.8,
+    )
     assert bool(verdict.ok.all())
 
 
 def test_a_token_outside_the_nucleus_fails_whatever_its_score():
     logits = torch.tensor([[[5.0, 4.0, -5.0, -6.0]]])
-    verdict = sampling.check(logits, torch.tensor([[3]]), torch.ones(1, 1), seed=[1], records=torch.tensor([0]),
-                             temperature=1.0, top_p=0.9, tolerance=1e9)  # fmt: skip
+    verdict = sampling.check(
+        logits,
+        torch.tensor([[3]]),
+        torch.ones(1, 1),
+        seed=[1],
+        records=torch.tensor([0]),
+        temperature=1.0,
+        top_p=0.9,
+        tolerance=1e9,
+    )
     assert math.isinf(float(verdict.margins[0, 0])) and not bool(verdict.ok[0])
 
 
@@ -137,7 +171,12 @@ def test_record_keys_are_stable_and_distinct():
     assert record_key("g1", 0) == record_key("g1", 0) and 0 <= record_key("g1", 0) < 2**63
     assert len({record_key(g, j) for g in ("a", "b", "ab") for j in range(8)}) == 24
     keys = SamplingKeys(seed=1, groups=("a", "b"))
-    assert keys.records(2).tolist() == [record_key("a", 0), record_key("a", 1), record_key("b", 0), record_key("b", 1)]
+    assert keys.records(2).tolist() == [
+        record_key("a", 0),
+        record_key("a", 1),
+        record_key("b", 0),
+        record_key("b", 1),
+    ]
 
 
 # ---------------------------------------------------------------------------- the HF engine
@@ -163,9 +202,15 @@ def test_hf_engine_gumbel_samples_pass_the_check_and_repeat(tiny, top_p):
             with torch.no_grad():
                 logits = model(input_ids=ids).logits[:, len(s.prompt_ids) - 1 : -1]
             targets = torch.tensor([s.response_ids])
-            verdict = sampling.check(logits, targets, torch.ones_like(targets), seed=[42],
-                                     records=torch.tensor([record_key(keys.groups[i], j)]),
-                                     temperature=0.9, top_p=top_p)  # fmt: skip
+            verdict = sampling.check(
+                logits,
+                targets,
+                torch.ones_like(targets),
+                seed=[42],
+                records=torch.tensor([record_key(keys.groups[i], j)]),
+                temperature=0.9,
+                top_p=top_p,
+            )
             assert bool(verdict.ok.all()) and float(verdict.margins.max()) < 1e-4
             # the reported log-probs are still the raw logits' at T, not the noisy scores'
             lp = token_logprobs(logits, targets, temperature=0.9)[0]
@@ -179,11 +224,21 @@ def test_check_with_pruning_equals_the_whole_vocabulary():
     logits = torch.randn(4, 3, 2000) * 12
     records = torch.arange(4)
     tokens = torch.randint(0, 2000, (4, 3))
-    tokens[0] = torch.stack([sampling.sample(logits[:1, k], seed=2, records=records[:1], positions=k,
-                                             temperature=0.8) for k in range(3)], 1)[0]  # fmt: skip
+    tokens[0] = torch.stack(
+        [
+            sampling.sample(logits[:1, k], seed=2, records=records[:1], positions=k, temperature=0.8)
+            for k in range(3)
+        ],
+        1,
+    )[0]
     verdict = sampling.check(logits, tokens, torch.ones(4, 3), seed=[2] * 4, records=records, temperature=0.8)
-    scores = torch.stack([sampling.scores(logits[:, k], seed=2, records=records, positions=k, temperature=0.8)
-                          for k in range(3)], 1)  # fmt: skip
+    scores = torch.stack(
+        [
+            sampling.scores(logits[:, k], seed=2, records=records, positions=k, temperature=0.8)
+            for k in range(3)
+        ],
+        1,
+    )
     brute = (scores.max(-1).values - scores.gather(-1, tokens[..., None]).squeeze(-1)).clamp(min=0)
     assert torch.allclose(verdict.margins, brute)
     assert verdict.ok.tolist() == [True, False, False, False]

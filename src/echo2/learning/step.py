@@ -174,7 +174,13 @@ def train_step(
 
 
 def _leave_out(
-    batch, logits: torch.Tensor, logp: torch.Tensor, rows: list[Trajectory], check: StepCheck, newest: int, bad_keys
+    batch,
+    logits: torch.Tensor,
+    logp: torch.Tensor,
+    rows: list[Trajectory],
+    check: StepCheck,
+    newest: int,
+    bad_keys,
 ):
     """`batch` without the rows whose log-probs disagree with `logp`, or (with `check.sampling`)
     whose tokens were not sampled with their noise from `logits`: their mask is zeroed and their

@@ -131,7 +131,9 @@ class SamplingCheck:
             for r in group:
                 seed, j = r.metadata.get(sampling.SEED_KEY), r.metadata.get(sampling.SAMPLE_KEY)
                 resp = r.response_ids
-                ends = len(resp) == self.max_new_tokens or (self.eos_id is not None and resp[-1:] == (self.eos_id,))
+                ends = len(resp) == self.max_new_tokens or (
+                    self.eos_id is not None and resp[-1:] == (self.eos_id,)
+                )
                 if self.eos_id is not None and self.eos_id in resp[:-1]:
                     ends = False
                 if not ends or not _int_in(seed, 0, 2**63) or not _int_in(j, 0, self.group_size):
@@ -157,11 +159,11 @@ class SamplingCheck:
             targets,
             mask,
             starts=starts,
-            seed=[int(r.metadata[sampling.SEED_KEY]) if not b else 0 for r, b in zip(records, bad.tolist())],
+            seed=[int(r.metadata[sampling.SEED_KEY]) if not b else 0 for r, b in zip(records, bad.tolist(), strict=True)],
             records=torch.tensor(
                 [
                     sampling.record_key(r.group_id, int(r.metadata[sampling.SAMPLE_KEY])) if not b else 0
-                    for r, b in zip(records, bad.tolist())
+                    for r, b in zip(records, bad.tolist(), strict=True)
                 ]
             ),
             temperature=self.temperature,

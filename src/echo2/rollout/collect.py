@@ -33,7 +33,11 @@ def collect(
         return collect_episodes(engine, task, prompts, n=n, config=engine.config)
     version = engine.version
     groups = []
-    if sampling_seed is None and getattr(engine, "config", None) is not None and engine.config.sampling == "gumbel":
+    if (
+        sampling_seed is None
+        and getattr(engine, "config", None) is not None
+        and engine.config.sampling == "gumbel"
+    ):
         sampling_seed = default_keys([]).seed  # no lease (the in-process loop): torch's generator
     if sampling_seed is None:
         generated = engine.generate(prompts, n=n)

@@ -194,7 +194,13 @@ class HFEngine:
                 raise ValueError(f"{len(keys.groups)} group ids for {len(encoded)} contexts")
             gumbel = GumbelProcessor(keys, n=n, width=width, temperature=cfg.temperature, top_p=cfg.top_p)
             # greedy over the processor's scores; no sampling warper of the model's generation config
-            how = {"do_sample": False, "logits_processor": [gumbel], "top_k": None, "top_p": None, "temperature": None}
+            how = {
+                "do_sample": False,
+                "logits_processor": [gumbel],
+                "top_k": None,
+                "top_p": None,
+                "temperature": None,
+            }
         else:
             how = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
         cache = None

@@ -134,7 +134,9 @@ def _gumbel(u: torch.Tensor) -> torch.Tensor:
     return u.log_().neg_().log_().neg_()
 
 
-def gumbels(seed: torch.Tensor | int, records: torch.Tensor, positions: torch.Tensor | int, vocab_size: int) -> torch.Tensor:
+def gumbels(
+    seed: torch.Tensor | int, records: torch.Tensor, positions: torch.Tensor | int, vocab_size: int
+) -> torch.Tensor:
     """g = -log(-log u) [B, V] float64."""
     return _gumbel(uniforms(seed, records, positions, vocab_size))
 
@@ -247,5 +249,7 @@ def check(
         score = strict[row, cand] + _gumbel(token_uniforms(state[row], cand))
         best = torch.full_like(chosen, -math.inf).scatter_reduce(0, row, score, reduce="amax")
         margin = (best - chosen).clamp(min=0).nan_to_num(nan=math.inf)
-        margins[rows, k] = torch.where(valid & torch.isfinite(chosen), margin, torch.full_like(margin, math.inf))
+        margins[rows, k] = torch.where(
+            valid & torch.isfinite(chosen), margin, torch.full_like(margin, math.inf)
+        )
     return Verdict(margins=margins, ok=(margins <= tolerance).all(dim=1))
