@@ -3,7 +3,13 @@
 Owns the transport only: authentication (the run token admits new workers; every call made as a
 worker must carry that worker's own credential, issued at registration), the body-size cap, the
 workers' calls (register, heartbeat, lease, push), the long poll for publications, the status, and
-the server's thread. The guard middleware, body reading and the answer to every refusal are in
+the server's thread. A push's sender (its credential, its quarantine) and its declared size are
+checked from the headers before a byte of its body is read; a refused body is not drained (the
+connection closes). The connections are capped (MAX_CONNECTIONS) and an idle one, or one still
+sending its headers, is closed after KEEPALIVE_S. What blocks (a push's parse, door and referee,
+the state's lock) runs in threads, never on the event loop: a push on `ingest_pool` (one at a
+time, so a burst of large pushes queues instead of contending), every other state call on the
+loop's default executor. The guard middleware, body reading and the answer to every refusal are in
 http.py; the learner's end of snapshot broadcast (manifests and chunk streams paced by one uplink
 token bucket, the receivers' reports) is a `SnapshotRoutes` (snapshot_routes.py) whose routes it
 serves. Every decision is made by `CoordinatorState` and its parts. The endpoints are documented
@@ -13,6 +19,8 @@ in docs/protocol.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import hmac
 import json
 import logging
@@ -27,7 +35,7 @@ from pydantic import ValidationError
 
 from echo2.control import errors, identity, prom, status_page, validate
 from echo2.control.errors import Forbidden, Reason, Unauthorized, Unreadable
-from echo2.control.http import guard, read_body, refusal
+from echo2.control.http import WORKER, guard, parse_body, read_body, read_raw, refusal
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
@@ -47,6 +55,11 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 2**20
 LONG_POLL_MAX = 25.0
+MAX_CONNECTIONS = 4096
+"""Open connections served at once; one more is closed as soon as it is accepted."""
+KEEPALIVE_S = 15.0
+"""An idle connection, or one that has not finished sending a request's headers, is closed after
+this (a request's body is bounded by the handler timeout instead)."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
@@ -91,6 +104,12 @@ class Coordinator:
         self._expiry: asyncio.Task | None = None
         self.told: set[str] = set()
         """Workers answered `run_finished` (RemoteRollout.close waits for the live ones)."""
+        self.ingest_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        """The thread pushes are parsed, checked and ingested in (one: they queue, in order)."""
+        self.max_connections = MAX_CONNECTIONS
+        self.refused_connections = 0
+        """Connections closed at once because MAX_CONNECTIONS were open."""
+        self._listener: asyncio.Server | None = None
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
@@ -166,7 +185,8 @@ class Coordinator:
             if ":" in host and not host.startswith("["):  # IPv6 literal
                 host = f"[{host}]"
             relay_url = f"http://{host}:{req.relay_port}"
-        info = self.state.register(
+        info = await self._blocking(
+            self.state.register,
             name=req.name,
             hardware=req.hardware,
             price_per_hour=req.price_per_hour,
@@ -186,16 +206,25 @@ class Coordinator:
             ).model_dump()
         )
 
+    async def _blocking(self, fn, *args, **kwargs):
+        """`fn` in the loop's default executor: a state call waits for the state's lock, which a
+        push being ingested holds, so it never runs on the loop itself."""
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
+
     async def heartbeat(self, request: web.Request) -> web.Response:
         req = await read_body(request, HeartbeatRequest)
-        self.state.heartbeat(req.worker_id, version=req.version, throughput=req.throughput)
+        await self._blocking(
+            self.state.heartbeat, req.worker_id, version=req.version, throughput=req.throughput
+        )
         return web.json_response(
             {"published_version": self.state.shared.published_version, "epoch": self.state.epoch}
         )
 
     async def lease(self, request: web.Request) -> web.Response:
         req = await read_body(request, LeaseRequest)
-        lease = self.state.intake.lease(req.worker_id, version=req.version, max_groups=req.max_groups)
+        lease = await self._blocking(
+            self.state.intake.lease, req.worker_id, version=req.version, max_groups=req.max_groups
+        )
         if lease is None:
             return web.Response(status=204)
         deadline_s = lease.deadline - self.state.shared.clock()
@@ -204,12 +233,23 @@ class Coordinator:
 
     async def return_lease(self, request: web.Request) -> web.Response:
         req = await read_body(request, ReturnRequest)
-        self.state.intake.return_lease(req.worker_id, req.lease_id)
+        await self._blocking(self.state.intake.return_lease, req.worker_id, req.lease_id)
         return web.json_response({"ok": True})
 
     async def push(self, request: web.Request) -> web.Response:
+        """The sender was authenticated from its headers (guard); its quarantine and the declared
+        size are checked before the body is read, and the rest runs on `ingest_pool`."""
+        worker_id = request[WORKER]
+        if worker_id is not None:
+            self.state.intake._check_trusted(worker_id)  # the intake's own rule (intake.py)
+        raw = await read_raw(request, limit=self.max_body)
+        loop = asyncio.get_running_loop()
+        return web.json_response(await loop.run_in_executor(self.ingest_pool, self._ingest, raw, worker_id))
+
+    def _ingest(self, raw: bytes, worker_id: str | None) -> dict[str, int]:
+        """Parse, check and ingest one push (blocking: on `ingest_pool`)."""
         try:
-            req = await read_body(request, PushRequest, limit=self.max_body)
+            req = parse_body(raw, PushRequest, worker_id, direct=True)
         except (ValidationError, Unreadable):
             self.state.intake.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
             raise
@@ -226,7 +266,8 @@ class Coordinator:
         if problem is not None:  # refused whole: nothing stored, only the refusal counted
             self.state.intake.refuse(req.worker_id, problem.reason, len(records))
             raise errors.InvalidBatch(problem.reason, problem.detail)
-        return web.json_response(self.state.intake.ingest(req.worker_id, req.lease_id, records))
+        refereed = self.state.intake.referee_unlocked(req.worker_id, req.lease_id, records)
+        return self.state.intake.ingest(req.worker_id, req.lease_id, records, refereed=refereed)
 
     # ------------------------------------------------------------------ snapshot broadcast
     async def published(self, request: web.Request) -> web.Response:
@@ -306,11 +347,25 @@ class Coordinator:
         self._published = asyncio.Event()
         self._stopping = False
         self.state.publisher.listeners.append(self.notify_published)
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
+        self.ingest_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="coordinator-ingest")
+        # lingering_time 0: a refused body is not read to its end; the connection closes instead
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, shutdown_timeout=2.0, keepalive_timeout=KEEPALIVE_S, lingering_time=0
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()  # port 0 -> the port the OS chose
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:  # the cap: aiohttp's server has none of its own
+            if len(server.connections) >= self.max_connections:
+                self.refused_connections += 1
+                return _Refuse()
+            return server()
+
+        self._listener = await asyncio.get_running_loop().create_server(
+            protocol, host, port, ssl=self.ssl_context, backlog=1024
+        )
+        bound = self._listener.sockets[0].getsockname()  # port 0 -> the port the OS chose
         scheme = "https" if self.ssl_context is not None else "http"
         self.url = f"{scheme}://{bound[0]}:{bound[1]}"
         self._expiry = asyncio.get_running_loop().create_task(self._expire_forever())
@@ -320,7 +375,7 @@ class Coordinator:
         while True:
             await asyncio.sleep(min(1.0, self.state.registry.heartbeat_timeout / 4))
             try:
-                self.state.expire()
+                await asyncio.get_running_loop().run_in_executor(None, self.state.expire)  # provider calls
             except Exception:  # e.g. a provider that cannot start a process: log, keep expiring
                 logger.exception("expiry/scheduling failed; trying again")
 
@@ -331,11 +386,22 @@ class Coordinator:
             self.state.publisher.listeners.remove(self.notify_published)
         if self._expiry:
             self._expiry.cancel()
+        if self._listener:
+            self._listener.close()
         if self._runner:
             await self._runner.cleanup()
+        if self.ingest_pool:
+            self.ingest_pool.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
         """Idempotent: stop serving and join the thread."""
         if self._loop and self._thread and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over MAX_CONNECTIONS: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()

@@ -147,10 +147,34 @@ class Intake:
                 self._strike(worker_id, RETURNED_UNPUSHED)
 
     # ------------------------------------------------------------------ ingestion
-    def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
+    def referee_unlocked(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> Lease | None:
+        """Re-score a batch before `ingest` takes the lock (the referee is a push's costly part, and
+        heartbeats wait on the lock): the lease it was checked against, to pass to `ingest`, or
+        None when nothing was checked (no referee; a lease this worker does not hold, or a group
+        outside it, which `ingest` refuses by its rules). A refused record counts as in `ingest`."""
+        if self.referee is None:
+            return None
+        lease = self.ingestion.leases.get(lease_id)  # one dict read; a lease's index map never changes
+        if (
+            lease is None
+            or lease.worker_id != worker_id
+            or any(r.group_id not in lease.index_of for r in records)
+        ):
+            return None
+        for record in records:
+            problem = self.referee.check(record, lease.index_of[record.group_id])
+            if problem is not None:
+                self.refuse(worker_id, problem.reason, len(records))
+                raise InvalidBatch(problem.reason, problem.detail)
+        return lease
+
+    def ingest(
+        self, worker_id: str, lease_id: str, records: list[Trajectory], *, refereed: Lease | None = None
+    ) -> dict[str, int]:
         """Store a batch whole or not at all, under one acquisition of the lock and one lease check.
         A retried batch is acknowledged, stored once. With a referee, each fresh record is checked
-        against the prompt leased for its group and the task's reward, after the lease's rules."""
+        against the prompt leased for its group and the task's reward, after the lease's rules,
+        unless `referee_unlocked` checked them against this very lease (`refereed`)."""
         with self.shared.lock:
             now = self.shared.clock()
             self.registry.get(worker_id, now)
@@ -175,7 +199,7 @@ class Intake:
             except Refused as e:
                 self._strike(worker_id, e.reason)
                 raise
-            for record in fresh if self.referee is not None else ():
+            for record in fresh if self.referee is not None and lease is not refereed else ():
                 problem = self.referee.check(record, lease.index_of[record.group_id])
                 if problem is not None:
                     self._refuse(worker_id, problem.reason, len(records))
