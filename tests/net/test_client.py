@@ -47,7 +47,7 @@ def bounded(coro, timeout: float = 30.0):
 @pytest.fixture
 def coord():
     state = make_state(heartbeat_timeout=30.0)
-    server = Coordinator(state, token=TOKEN, run_info={"seed": 0}, heartbeat_interval=1.0)
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
     server.start()
     yield server, state
     server.stop()

@@ -24,7 +24,7 @@ CREDENTIALS: dict[str, str] = {}
 def coord():
     clock = FakeClock()
     state = make_state(clock)
-    server = Coordinator(state, token=TOKEN, run_info={"seed": 0}, heartbeat_interval=1.0, max_body=200_000)
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=200_000)
     server.start()
     yield server, state, clock
     server.stop()

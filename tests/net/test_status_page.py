@@ -32,7 +32,7 @@ def coord():
     clock = FakeClock()
     state = make_state(clock)
     server = Coordinator(
-        state, token=TOKEN, run_info={"seed": 0}, heartbeat_interval=1.0, status_extra=lambda: dict(LEARNER)
+        state, token=TOKEN, run_info={}, heartbeat_interval=1.0, status_extra=lambda: dict(LEARNER)
     )
     server.start()
     yield server, state, clock

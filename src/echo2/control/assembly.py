@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.config import Config, ConfigError, CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
+from echo2.control.protocol import LearnerView, RunSeed, RunView
 from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits
 from echo2.data.buffer import ReplayBuffer
@@ -105,14 +106,19 @@ def coordinator(
     )
 
 
-def worker_view(config: Config) -> dict[str, Any]:
+def worker_view(config: Config) -> RunView:
     """What workers are told of the run at registration: model, task, rollout, coordinator and
     broadcast sections, the seed, and of the learner the dtype snapshots arrive in and whether
     they are adapters."""
-    view = config.model_dump(mode="json", include={"model", "task", "rollout", "coordinator", "broadcast"})
-    view["run"] = {"seed": config.run.seed}
-    view["learner"] = config.model_dump(mode="json", include={"learner": {"dtype", "lora"}})["learner"]
-    return view
+    return RunView(
+        model=config.model,
+        task=config.task,
+        rollout=config.rollout,
+        coordinator=config.coordinator,
+        broadcast=config.broadcast,
+        run=RunSeed(seed=config.run.seed),
+        learner=LearnerView(dtype=config.learner.dtype, lora=config.learner.lora),
+    )
 
 
 def token(ccfg: CoordinatorConfig) -> tuple[str, str | None]:

@@ -46,6 +46,7 @@ from echo2.control.protocol import (
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
+    RunView,
 )
 from echo2.control.snapshot_routes import STREAMS, SnapshotRoutes
 from echo2.control.state import CoordinatorState
@@ -73,7 +74,7 @@ class Coordinator:
         state: CoordinatorState,
         *,
         token: str,
-        run_info: dict[str, Any],
+        run_info: RunView | dict[str, Any],
         heartbeat_interval: float,
         status_extra: Callable[[], dict[str, Any]] = dict,
         max_body: int = MAX_BODY,
@@ -94,7 +95,8 @@ class Coordinator:
         self._stopping = False
         self.state = state
         self.token = token
-        self.run_info = run_info
+        self.run_info = run_info if isinstance(run_info, RunView) else RunView.model_validate(run_info)
+        """What workers are told of the run (protocol.RunView), checked once here."""
         self.heartbeat_interval = heartbeat_interval
         self.status_extra = status_extra
         self.url = ""
@@ -228,7 +230,12 @@ class Coordinator:
         if lease is None:
             return web.Response(status=204)
         deadline_s = lease.deadline - self.state.shared.clock()
-        body = LeaseResponse(lease_id=lease.lease_id, indices=list(lease.indices), deadline_s=deadline_s)
+        body = LeaseResponse(
+            lease_id=lease.lease_id,
+            indices=list(lease.indices),
+            deadline_s=deadline_s,
+            sampling_seed=lease.sampling_seed,
+        )
         return web.json_response(body.model_dump())
 
     async def return_lease(self, request: web.Request) -> web.Response:

@@ -10,6 +10,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from echo2.config import (
+    ArithmeticTaskConfig,
+    BroadcastConfig,
+    Config,
+    ConfigError,
+    CoordinatorConfig,
+    GGUFModelConfig,
+    LearnerConfig,
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+)
 from echo2.control.validate import metadata_problem
 from echo2.records import Trajectory
 
@@ -48,10 +62,54 @@ class RegisterRequest(_Wire):
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
 
 
+class RunSeed(_Wire):
+    seed: int = 0
+
+
+class LearnerView(_Wire):
+    """Of the learner, what a worker installs by: the dtype snapshots arrive in, and whether they
+    are LoRA adapters."""
+
+    dtype: Literal["auto", "fp32", "bf16"] = LearnerConfig.model_fields["dtype"].default
+    lora: LoraConfig | None = None
+
+
+class RunView(_Wire):
+    """The run as workers are told it at registration (control/assembly.py `worker_view`), in the
+    learner's own config types: the worker builds its `Config` from it (`config()`), and a reply
+    that does not parse as them is refused like any other malformed answer. A section left out
+    takes the config's defaults."""
+
+    model: ModelConfig = Field(default_factory=GGUFModelConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
+    run: RunSeed = Field(default_factory=RunSeed)
+    learner: LearnerView = Field(default_factory=LearnerView)
+
+    def config(self) -> Config:
+        """The worker's run config: these sections, the seed, the learner's dtype and LoRA; the
+        rest at their defaults. A run whose sections do not agree is a ConfigError."""
+        try:
+            return Config(
+                model=self.model,
+                task=self.task,
+                rollout=self.rollout,
+                coordinator=self.coordinator,
+                broadcast=self.broadcast,
+                run=RunConfig(seed=self.run.seed),
+                learner=LearnerConfig(dtype=self.learner.dtype, lora=self.learner.lora),
+            )
+        except ValueError as e:  # pydantic's ValidationError is one
+            raise ConfigError(f"the run the coordinator sent: {e}") from None
+
+
 class RegisterResponse(_Wire):
     worker_id: str
-    run: dict[str, Any]
-    """The sections a worker needs: model, task, rollout, coordinator, broadcast, and run.seed."""
+    run: RunView
+    """The sections a worker needs: model, task, rollout, coordinator, broadcast, run.seed and the
+    learner's snapshot dtype and LoRA."""
     heartbeat_interval: float
     published_version: int
     public_key: str
@@ -92,6 +150,9 @@ class LeaseResponse(_Wire):
     """Training prompt indices; the worker builds prompts with the task, as the learner would."""
     deadline_s: float
     """Seconds from now until the lease is reissued to another worker."""
+    sampling_seed: int = Field(0, ge=0, lt=2**63)
+    """Seeds this lease's sampling noise under rollout.sampling = "gumbel" (rollout/sampling.py).
+    Drawn by the coordinator, which writes it into every record it accepts on this lease."""
 
 
 class ReturnRequest(_Wire):

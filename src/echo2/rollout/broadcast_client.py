@@ -43,6 +43,7 @@ from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, m
 from echo2.broadcast.meter import ParentFailed, RelayMeter
 from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore, mbit
 from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
+from echo2.config import BroadcastConfig
 from echo2.control.client import CoordinatorClient
 from echo2.control.errors import NoSnapshot, Refused
 from echo2.control.protocol import FailureRequest, InstalledRequest, Route, RouteRequest
@@ -69,14 +70,12 @@ class Receiving:
     """Parents one version may go through before `fetch` gives up."""
 
     @classmethod
-    def of(cls, broadcast: dict[str, Any], *, download_mbps: float | None = None) -> Receiving:
+    def of(cls, broadcast: BroadcastConfig, *, download_mbps: float | None = None) -> Receiving:
         """From the run's `broadcast` section; a `download_mbps` given overrides the run's cap."""
         return cls(
-            progress_timeout=broadcast.get("progress_timeout_s", 10.0),
-            min_rate_bps=(broadcast.get("min_relay_mbps") or 0.0) * 1e6 / 8,
-            download_mbps=download_mbps
-            if download_mbps is not None
-            else broadcast.get("worker_download_mbps"),
+            progress_timeout=broadcast.progress_timeout_s,
+            min_rate_bps=(broadcast.min_relay_mbps or 0.0) * 1e6 / 8,
+            download_mbps=download_mbps if download_mbps is not None else broadcast.worker_download_mbps,
         )
 
 

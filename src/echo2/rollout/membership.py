@@ -160,11 +160,9 @@ class Membership:
     def _broadcast_client(self, reply: RegisterResponse) -> BroadcastClient:
         """The BroadcastClient, and the relay's caps, from the first registration reply (the run's
         `broadcast` section, the learner's public key); the flags override the run's caps."""
-        bc, c = reply.run.get("broadcast", {}), self.config
+        bc, c = reply.run.broadcast, self.config
         receiving = Receiving.of(bc, download_mbps=c.download_mbps)
-        self.relay.upload_bucket = mbit(
-            c.upload_mbps if c.upload_mbps is not None else bc.get("worker_upload_mbps")
-        )
+        self.relay.upload_bucket = mbit(c.upload_mbps if c.upload_mbps is not None else bc.worker_upload_mbps)
         self.relay.keepalive_s = receiving.progress_timeout / 4  # well within a receiver's timeout
         return BroadcastClient(
             self.coordinator,

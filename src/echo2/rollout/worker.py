@@ -147,10 +147,8 @@ class Worker:
 
     async def prepare(self) -> None:
         """Build the task and the engine from the run config the coordinator sent (in a thread)."""
-        from echo2.config import build_config
-
         if self.run_config is None:
-            self.run_config = build_config(self.member.registration.run)
+            self.run_config = self.member.registration.run.config()
         await asyncio.to_thread(self._build)
         if self.config.throughput is None and self.config.emulate is None:
             self.throughput = await asyncio.to_thread(self._calibrate)
@@ -263,7 +261,8 @@ class Worker:
 
         def generate():
             torch.manual_seed(rollout_seed(cfg.run.seed, lease.indices[0]))
-            return collect(self.engine, self.task, prompts, n=cfg.rollout.group_size)
+            seed = lease.sampling_seed if cfg.rollout.sampling == "gumbel" else None  # the lease's noise
+            return collect(self.engine, self.task, prompts, n=cfg.rollout.group_size, sampling_seed=seed)
 
         async with self.engine_lock:
             groups = await asyncio.to_thread(generate)
