@@ -126,3 +126,85 @@ def test_a_response_cut_short_or_continued_after_eos_is_refused(tiny):
     check, _ = _step(model, tok, cfg, attacked)
     assert [r.record_id for r in check.sampling.refused] == [cut.record_id]
 
+
+# ---------------------------------------------------------------------------- through the coordinator
+def _gumbel_engine(door):
+    from hostile import GROUP_SIZE
+
+    cfg = RolloutConfig(max_new_tokens=4, group_size=GROUP_SIZE, temperature=1.0, sampling="gumbel")
+    return HFEngine(copy.deepcopy(door.model), door.tokenizer, cfg), cfg
+
+
+def _wire(groups) -> list[dict]:
+    import json
+
+    return [json.loads(json.dumps(r.to_dict())) for g in groups for r in g]
+
+
+def test_the_seed_is_the_leases_never_the_workers(door, mallory):
+    """The lease reply carries a coordinator-drawn seed; what a worker writes as its records' seed is
+    replaced by its lease's when they are accepted."""
+    from hostile import GROUP_SIZE
+
+    status, lease = mallory.lease()
+    assert status == 200 and 0 <= lease["sampling_seed"] < 2**63, lease
+    status, other = mallory.lease()
+    assert status == 200 and other["sampling_seed"] != lease["sampling_seed"]
+    engine, _ = _gumbel_engine(door)
+    prompts = [door.task.train_prompt(i) for i in lease["indices"]]
+    records = _wire(collect(engine, door.task, prompts, n=GROUP_SIZE, sampling_seed=lease["sampling_seed"]))
+    for r in records:
+        r["metadata"][sampling.SEED_KEY] = 7  # the worker's own choice of noise
+    status, body = mallory.push(lease["lease_id"], records)
+    assert status == 200 and body["accepted"] == len(records), body
+    taken, _ = door.state.intake.buffer.take(len(prompts))
+    assert {r.metadata[sampling.SEED_KEY] for g in taken for r in g} == {lease["sampling_seed"]}
+
+
+def test_a_pushed_payload_is_refused_by_the_learner_with_a_strike(door, mallory):
+    """Honest Gumbel records pushed through the coordinator pass the learner's check; a payload with
+    the model's own log-probs and the task's own reward for it passes the door and the referee, and
+    is refused by the learner (`not_sampled`), a strike against its worker."""
+    from hostile import GROUP_SIZE
+
+    from echo2.learning.verify import sampling_check
+
+    status, lease = mallory.lease()
+    assert status == 200, lease
+    engine, cfg = _gumbel_engine(door)
+    prompts = [door.task.train_prompt(i) for i in lease["indices"]]
+    groups = collect(engine, door.task, prompts, n=GROUP_SIZE, sampling_seed=lease["sampling_seed"])
+    victim = groups[0][0]
+    payload = tuple(door.tokenizer(prompts[0].answer).input_ids) + (
+        door.tokenizer.eos_token_id,
+    )  # right, chosen
+    forged = dataclasses.replace(
+        victim,
+        response_ids=payload,
+        loss_mask=door.task.loss_mask(payload),
+        behaviour_logprobs=(0.0,) * len(payload),
+    )
+    reward = door.task.score(prompts[0], door.tokenizer.decode(payload, skip_special_tokens=True))
+    forged = dataclasses.replace(
+        forged,
+        reward=reward.reward,
+        metadata={**forged.metadata, "correct": reward.correct},
+        behaviour_logprobs=_own_logprobs(door.model, door.tokenizer, forged, 1.0),
+    )
+    groups[0][0] = forged
+    status, body = mallory.push(lease["lease_id"], _wire(groups))
+    assert status == 200 and body["accepted"] == 2 * GROUP_SIZE, body  # the door and referee pass it
+    taken, _ = door.state.intake.buffer.take(len(prompts))
+    check = StepCheck(
+        max_logratio=1.0,
+        learner_version=0,
+        sampling=sampling_check(cfg, is_env=False, eos_id=door.tokenizer.eos_token_id),
+    )
+    model = copy.deepcopy(door.model)
+    train_step(
+        model, make_optimizer(model, door.config), taken, door.config, pad_id=0, temperature=1.0, check=check
+    )
+    assert check.refused == []
+    assert [r.record_id for r in check.sampling.refused] == [forged.record_id]
+    assert door.state.intake.flag(check.sampling.refused, "not_sampled") == [mallory.worker_id]
+    assert door.state.intake.integrity.strikes[mallory.worker_id] == 1

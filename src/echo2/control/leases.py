@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections import Counter, deque
 from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from echo2.records import Trajectory
 logger = logging.getLogger(__name__)
 
 
+SEED_KEY = "lease_seed"
+"""Record metadata key of the lease's sampling seed (rollout/sampling.py: `SEED_KEY`)."""
 LEASE_SAFETY = 0.5
 """Share of the lease timeout a lease should take on a worker as fast as its throughput figure."""
 SPELLS = 8
@@ -129,6 +132,9 @@ class Lease:
     version: int = -1
     """The version the worker asked with (its installed one): its records may not claim an older
     one, which would widen the learner's log-prob bounds (learning/verify.py: `StepCheck`)."""
+    sampling_seed: int = field(default_factory=lambda: secrets.randbits(63))
+    """Seeds the lease's sampling noise (rollout/sampling.py); drawn here, sent in the lease reply,
+    and written into every record accepted on this lease (`screen`), whatever the worker sent."""
     done_groups: set[str] = field(default_factory=set)
     pushed: bool = False
     """A push on it reached the intake, stored or refused: given back, it is not `unpushed`."""
@@ -315,16 +321,19 @@ class Leases:
     def screen(
         self, worker_id: str, lease_id: str, fresh: list[Trajectory], *, published_version: int
     ) -> Lease:
-        """`check` the batch's fresh records and return their lease; a refusal is counted (and a
-        stale lease's prompts are put back) before it is raised."""
+        """`check` the batch's fresh records and return their lease, its sampling seed written into
+        each; a refusal is counted (and a stale lease's prompts are put back) before it is raised."""
         try:
-            return self.check(worker_id, lease_id, fresh, published_version=published_version)
+            lease = self.check(worker_id, lease_id, fresh, published_version=published_version)
         except Refused as e:
             self.rejected[e.reason] += len(fresh)
             lease = self.leases.get(lease_id)
             if isinstance(e, Stale) and lease is not None and lease.worker_id == worker_id:
                 self.put_back(lease)  # regenerate these prompts under a newer version
             raise
+        for r in fresh:  # the lease's seed, never the worker's: before the journal and the buffer
+            r.metadata[SEED_KEY] = lease.sampling_seed
+        return lease
 
     def check(
         self, worker_id: str, lease_id: str, records: list[Trajectory], *, published_version: int

@@ -34,7 +34,7 @@ from echo2.learning.device import DTYPES, resolve_device, resolved, resolved_lea
 from echo2.learning.lora import adapter_state, is_lora
 from echo2.learning.source import SourceSpec, make_source
 from echo2.learning.step import train_step
-from echo2.learning.verify import StepCheck
+from echo2.learning.verify import StepCheck, sampling_check
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot, StepReport, Trajectory
@@ -208,6 +208,11 @@ def run(
             check = StepCheck(
                 max_logratio=lcfg.max_logratio if source.checks_logprobs else None,
                 learner_version=state.version,
+                sampling=sampling_check(
+                    rcfg, is_env=isinstance(config.task, EnvTaskConfig), eos_id=tokenizer.eos_token_id
+                )
+                if source.checks_logprobs
+                else None,  # a fresh one each step
             )
             stats = train_step(
                 model,
@@ -223,6 +228,8 @@ def run(
             )
             if check.refused:
                 logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
+            if check.sampling is not None and check.sampling.refused:
+                logger.warning("%d records left out of step %d: not sampled", len(check.sampling.refused), step)
             if check.skipped:
                 logger.warning("step %d not applied: loss or gradient not finite", step)
             t2 = time.perf_counter()
@@ -239,6 +246,7 @@ def run(
                     staleness=dict(state.staleness),
                     refused={
                         "logprob_mismatch": check.refused,
+                        "not_sampled": check.sampling.refused if check.sampling is not None else [],
                         "non_finite_step": records if check.skipped else [],
                     },
                 )
