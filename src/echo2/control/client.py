@@ -178,15 +178,17 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ the one request path
     async def _once(self, method: str, path: str, body: BaseModel | None, timeout: float, params) -> Any:
-        json = body.model_dump() if body is not None else None
+        data = body.model_dump_json() if body is not None else None  # the model straight to JSON
         t = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
         headers = self.auth_headers(
             run_token=path == f"{API}/register", worker_id=getattr(body, "worker_id", None)
         )
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         async with self.session.request(
             method,
             self.url + path,
-            json=json,
+            data=data,
             params=params,
             timeout=t,
             headers=headers,

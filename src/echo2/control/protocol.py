@@ -45,7 +45,9 @@ MAX_RATE = 1e12
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinities written as JSON's usual NaN/Infinity (as json.dumps does), so a bad value
+    # reaches the door as what it is, to be refused by name, not as a null
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
 class RegisterRequest(_Wire):
@@ -181,6 +183,21 @@ class WireRecord(_Wire):
         if problem:
             raise ValueError(problem)
         return value
+
+    @classmethod
+    def of(cls, t: Trajectory) -> WireRecord:
+        """A worker's record as it goes on the wire (and, back as a Trajectory, into the journal)."""
+        return cls(
+            record_id=t.record_id,
+            group_id=t.group_id,
+            prompt_ids=t.prompt_ids,
+            response_ids=t.response_ids,
+            behaviour_logprobs=t.behaviour_logprobs,
+            loss_mask=t.loss_mask,
+            reward=t.reward,
+            version=t.version,
+            metadata=t.metadata,
+        )
 
     def trajectory(self, tag: dict[str, str]) -> Trajectory:
         """This record as a Trajectory (its fields already have their types; lengths and a finite

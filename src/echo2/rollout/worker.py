@@ -52,7 +52,7 @@ from echo2.control.errors import (
     Stale,
     UnknownWorker,
 )
-from echo2.control.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest
+from echo2.control.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest, WireRecord
 from echo2.rollout.membership import Membership
 from echo2.rollout.worker_config import WorkerConfig
 
@@ -249,7 +249,7 @@ class Worker:
         self.held.discard(lease.lease_id)
         return True
 
-    async def _generate(self, lease: LeaseResponse) -> list[dict]:
+    async def _generate(self, lease: LeaseResponse) -> list[WireRecord]:
         """The lease's groups as wire records, generated under the engine lock, off the event loop."""
         import torch
 
@@ -266,7 +266,7 @@ class Worker:
 
         async with self.engine_lock:
             groups = await asyncio.to_thread(generate)
-        records = [r.to_dict() for g in groups for r in g]
+        records = [WireRecord.of(r) for g in groups for r in g]
         self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
         return records
 
