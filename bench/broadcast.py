@@ -72,7 +72,7 @@ from typing import Any
 
 from broadcast_report import BenchSpec, broadcast_timeout, check, render, summarize, warmup_bytes
 
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION
 
 LEARNER_SCRIPT = Path(__file__).resolve().with_name("broadcast_learner.py")
 

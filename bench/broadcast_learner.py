@@ -23,7 +23,7 @@ from typing import Any
 from broadcast_report import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
 from procstat import busy, cpu_times, procs_cpu
 
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.publisher import Publisher
 from echo2.control.state import CoordinatorState, Limits

@@ -17,7 +17,7 @@ from echo2.broadcast.plan import (
     n_chains,
     star_broadcast_time,
 )
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION
 
 MB = 1e6
 """--snapshot-mb is in MB (10^6 bytes), so M / Bw in seconds is snapshot_mb * 8 / worker_mbps."""

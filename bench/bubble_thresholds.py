@@ -35,7 +35,7 @@ from typing import Any
 
 from common import write_json
 
-from echo2.config.schema import SchedulerConfig
+from echo2.config import SchedulerConfig
 from echo2.control import capacity as cap
 from echo2.control.plan import PlanInput, Pool, make_plan
 from echo2.control.scheduler import Action, Role, Scheduler, WorkerView

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from echo2.broadcast import plan as bp
 from echo2.broadcast.plan import ChainPlan, PeerInfo, PeerStats, ScoreParams
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION
 
 MB = 1_000_000
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from echo2.config.schema import SchedulerConfig, SkyPilotConfig
+from echo2.config import SchedulerConfig, SkyPilotConfig
 from echo2.control.fleet import Fleet, Slots
 from echo2.control.registry import Registry
 from echo2.control.scheduler import Action, Scheduler

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from echo2.cli import main as cli_main
-from echo2.config import ConfigError
-from echo2.config.schema import SkyPilotConfig
+from echo2.config import ConfigError, SkyPilotConfig
 from echo2.control.catalog import Throughputs, candidates, read_catalog, sky_catalog, sky_catalog_dir
 
 ROOT = Path(__file__).resolve().parents[2]

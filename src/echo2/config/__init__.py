@@ -1,12 +1,13 @@
 """Run configuration: one TOML file, validated by pydantic, overridable by `--section.key=value`.
 
-schema.py owns every section's model and the rules between fields (the model and task sections
-in workload.py); files.py reads TOML files and
-command-line overrides and writes the resolved config. Imports no torch, so `echo2 run --dry-run`
+schema.py owns the learner's, rollout's and run's sections and the rules between fields; the
+model and task sections are in workload.py, the coordinator's, scheduler's and broadcast's in
+fleet.py. files.py reads TOML files and command-line overrides and writes the resolved config. Imports no torch, so `echo2 run --dry-run`
 and `--help` stay instant. A user mistake raises `ConfigError` whose message names the dotted key;
 the CLI turns it into exit status 2 before anything starts.
 """
 
+from echo2.config.base import ConfigError
 from echo2.config.files import (
     build_config,
     dump_toml,
@@ -16,31 +17,38 @@ from echo2.config.files import (
     set_dotted,
     validation_message,
 )
-from echo2.config.schema import (
-    ArithmeticTaskConfig,
+from echo2.config.fleet import (
+    SLOW_RELAY_FRACTION,
     BroadcastConfig,
-    Config,
-    ConfigError,
     CoordinatorConfig,
-    CustomTaskConfig,
-    EnvTaskConfig,
-    GGUFModelConfig,
-    HFModelConfig,
+    SchedulerConfig,
+    SkyPilotConfig,
+    SkyPilotWorkerConfig,
+)
+from echo2.config.schema import (
+    Config,
     LearnerConfig,
     LoraConfig,
-    MathTaskConfig,
-    ModelConfig,
     RolloutConfig,
     RunConfig,
-    SchedulerConfig,
-    TaskConfig,
-    TinyModelConfig,
     VLLMConfig,
     check_kappa,
     publish_every,
 )
+from echo2.config.workload import (
+    ArithmeticTaskConfig,
+    CustomTaskConfig,
+    EnvTaskConfig,
+    GGUFModelConfig,
+    HFModelConfig,
+    MathTaskConfig,
+    ModelConfig,
+    TaskConfig,
+    TinyModelConfig,
+)
 
 __all__ = [
+    "SLOW_RELAY_FRACTION",
     "ArithmeticTaskConfig",
     "BroadcastConfig",
     "Config",
@@ -57,6 +65,8 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SchedulerConfig",
+    "SkyPilotConfig",
+    "SkyPilotWorkerConfig",
     "TaskConfig",
     "TinyModelConfig",
     "VLLMConfig",

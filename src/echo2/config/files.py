@@ -14,7 +14,8 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-from echo2.config.schema import Config, ConfigError
+from echo2.config.base import ConfigError
+from echo2.config.schema import Config
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:

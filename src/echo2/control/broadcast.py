@@ -65,7 +65,7 @@ from echo2.broadcast.plan import (
     relay_floor,
     tie_order,
 )
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION
 from echo2.control.installs import Installs
 from echo2.control.transfers import Credit, TransferLedger
 

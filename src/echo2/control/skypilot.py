@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from echo2.config.schema import SkyPilotConfig, SkyPilotWorkerConfig
+from echo2.config import SkyPilotConfig, SkyPilotWorkerConfig
 from echo2.control.selection import WorkerOffer
 from echo2.control.skypilot_client import BridgeClient, Outcome, SkyClient, check_python
 from echo2.control.skypilot_task import TOKEN_ENV, task_config

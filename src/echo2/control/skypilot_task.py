@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from echo2.config.schema import SkyPilotConfig, SkyPilotWorkerConfig
+from echo2.config import SkyPilotConfig, SkyPilotWorkerConfig
 
 TOKEN_ENV = "ECHO2_TOKEN"
 """The secret the worker reads its bearer token from (`echo2 worker --token` defaults to it)."""

@@ -18,8 +18,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2.config import ConfigError, check_kappa, publish_every, read_toml, set_dotted, validation_message
-from echo2.config.schema import SLOW_RELAY_FRACTION
+from echo2.config import (
+    SLOW_RELAY_FRACTION,
+    ConfigError,
+    check_kappa,
+    publish_every,
+    read_toml,
+    set_dotted,
+    validation_message,
+)
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
