@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -84,16 +85,16 @@ def beaters(url: str, num: int, interval: float, seconds: float, ready: mp.Queue
     asyncio.run(main())
 
 
-def pushers(url: str, scenario: str, num: int, seconds: float, groups: list[dict], out: mp.Queue) -> None:
+def pushers(url: str, scenario: str, num: int, seconds: float, groups: list[dict], out: mp.Queue, go) -> None:
     import aiohttp
 
     records_of = {g["index"]: g["samples"] for g in groups}
-    big_record = {**groups[0]["samples"][0], "record_id": "x"}
+    big_record = {**groups[0]["samples"][0], "record_id": uuid.uuid4().hex}
     one_len = len(json.dumps(big_record)) + 2
     big_records = [{**big_record, "record_id": uuid.uuid4().hex} for _ in range(BIG // one_len)]
 
     async def main() -> None:
-        stop_at = time.monotonic() + seconds
+        stop_at = math.inf
         done, refused = 0, {}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
 
@@ -130,9 +131,8 @@ def pushers(url: str, scenario: str, num: int, seconds: float, groups: list[dict
                         else:
                             refused[reply["error"]] = refused.get(reply["error"], 0) + 1
 
-            async def big(k: int, wid: str, headers: dict) -> None:
+            async def big(k: int, wid: str, headers: dict, body: bytes) -> None:
                 nonlocal done
-                body = json.dumps({"worker_id": wid, "lease_id": "none", "records": big_records}).encode()
                 while time.monotonic() < stop_at:
                     try:
                         async with s.post(
@@ -149,12 +149,20 @@ def pushers(url: str, scenario: str, num: int, seconds: float, groups: list[dict
                         await asyncio.sleep(0.05)
 
             if scenario == "stream":
+                out.put({"register": []})
+                await asyncio.get_running_loop().run_in_executor(None, go.wait)
+                stop_at = time.monotonic() + seconds
                 await asyncio.gather(*(stream() for _ in range(num)))
             else:
                 ids = [await register() for _ in range(12)]
-                out.put({"register": [wid for wid, _ in ids]})
-                await asyncio.sleep(0.5)  # the server quarantines half of them
-                await asyncio.gather(*(big(k, *ids[k]) for k in range(12)))
+                bodies = [  # built before the window: about 61 MiB each
+                    json.dumps({"worker_id": wid, "lease_id": "none", "records": big_records}).encode()
+                    for wid, _ in ids
+                ]
+                out.put({"register": [wid for wid, _ in ids], "body_mib": len(bodies[0]) / 2**20})
+                await asyncio.get_running_loop().run_in_executor(None, go.wait)  # half are quarantined
+                stop_at = time.monotonic() + seconds
+                await asyncio.gather(*(big(k, *ids[k], bodies[k]) for k in range(12)))
         out.put({"pushes": done, "refused": refused})
 
     asyncio.run(main())
@@ -197,17 +205,18 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
     ctx = mp.get_context("spawn")
-    ready, beats, pushed = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    ready, beats, pushed, go = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+    load = ctx.Process(target=pushers, args=(url, scenario, args.pushers, args.seconds, groups, pushed, go))
+    load.start()
+    registered = pushed.get(timeout=600)
+    for wid in registered["register"][::2]:  # half of the big pushers are quarantined
+        state.intake.integrity.quarantined.add(wid)
     beat = ctx.Process(
         target=beaters, args=(url, args.beaters, args.beat_interval, args.seconds + 2, ready, beats)
     )
     beat.start()
     ready.get(timeout=120)
-    load = ctx.Process(target=pushers, args=(url, scenario, args.pushers, args.seconds, groups, pushed))
-    load.start()
-    if scenario == "big":
-        for wid in pushed.get(timeout=300)["register"][::2]:
-            state.intake.integrity.quarantined.add(wid)
+    go.set()
     beat_result = beats.get(timeout=args.seconds + 600)
     push_result = pushed.get(timeout=600)
     load.join(timeout=30)
@@ -222,6 +231,7 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
         **{f"p{q}_ms": pct(lat, q / 100) * 1e3 for q in (50, 95, 99)},
         "max_ms": max(lat) * 1e3,
         **push_result,
+        "body_mib": registered.get("body_mib"),
         "records_accepted": state.intake.ingestion.accepted,
         "loadavg": os.getloadavg(),
     }
