@@ -40,13 +40,13 @@ import aiohttp
 from echo2.aio import sleep_unless, unless
 from echo2.broadcast import delta as codec
 from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, manifest_of
-from echo2.broadcast.meter import ParentFailed, RelayMeter
-from echo2.broadcast.relay import API, STARVED_FACTOR, ChunkStore, mbit
-from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, PIECE
+from echo2.broadcast.meter import ParentFailed
+from echo2.broadcast.relay import ChunkStore, mbit
 from echo2.config import BroadcastConfig
 from echo2.control.client import CoordinatorClient
 from echo2.control.errors import NoSnapshot, Refused
 from echo2.control.protocol import FailureRequest, InstalledRequest, Route, RouteRequest
+from echo2.rollout.chunk_download import ChunkDownload, DroppedVersion
 
 logger = logging.getLogger(__name__)
 
@@ -260,107 +260,34 @@ class BroadcastClient:
     async def _stream(
         self, version: int, manifest: Manifest, route: Route, start: int, store: ChunkStore | None = None
     ) -> None:
-        """One streaming GET on the parent, from chunk `start` to the end; every chunk verified and
-        stored as it arrives. Raises ParentFailed on anything but a complete, valid stream."""
-        relay = route.url is not None
-        base = route.url or self.coordinator.url
-        # sock_read bounds every wait, headers included: a frozen parent cannot hold us (it sends
-        # keep-alives well within progress_timeout while it has nothing to send)
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
-        )
-        started, received = time.monotonic(), 0
-        meter = (
-            RelayMeter(
-                stall_bps=self.receiving.min_rate_bps,
-                slow_bps=route.min_rate_bps or 0.0,
-                window_s=self.progress_timeout,
-            )
-            if relay and (self.receiving.min_rate_bps or route.min_rate_bps)
-            else None
-        )
-        # Only the learner gets our credential; a relay is told who we are (for its own account of
-        # the transfer) and nothing else.
+        """One streaming GET on the parent, from chunk `start` to the end (chunk_download.py);
+        raises ParentFailed on anything but a complete, valid stream."""
         store = store or self.store
-        params = {"from": start, "child": self.worker_id} if relay else {"from": start}
-        if manifest.form == "delta":
-            params["form"] = "delta"
-        headers = {} if relay else self.coordinator.auth_headers(worker_id=self.worker_id)
+        relay = route.url is not None
+        started = time.monotonic()
         try:
-            async with self.coordinator.session.get(
-                f"{base}{API}/chunks/{version}",
-                params=params,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as resp:
-                if resp.status != 200:
-                    body = (await resp.text())[:200]
-                    # a relay that no longer holds the version is not at fault: "gone", not "refused"
-                    reason = "gone" if resp.status == 404 and "not_held" in body else "refused"
-                    raise ParentFailed(reason, f"HTTP {resp.status}: {body}")
-                last_chunk = time.monotonic()
-                while (header := await self._read(resp.content, HEADER.size, at_frame=True)) is not None:
-                    index, length = HEADER.unpack(header)
-                    if index == KEEPALIVE:
-                        if time.monotonic() - last_chunk > STARVED_FACTOR * self.progress_timeout:
-                            raise ParentFailed("stalled", "only keep-alives, no chunk")
-                        continue
-                    if index == GONE:
-                        raise ParentFailed("gone", "the parent no longer holds this version")
-                    if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
-                        raise ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
-                    data = await self._read(resp.content, length, meter=meter)
-                    if not store.put(version, index, data):
-                        self._first_missing(version, store)  # dropped from the store: not the parent's fault
-                        raise ParentFailed("bad_chunk", f"chunk {index} does not match its hash")
-                    received += length
-                    last_chunk = time.monotonic()
-        except TimeoutError:  # before OSError, of which it is a subclass
-            raise ParentFailed("stalled", f"nothing for {self.progress_timeout}s") from None
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
-            raise ParentFailed("unreachable", repr(e)) from None
-        if not store.complete(version):
-            raise ParentFailed("incomplete", "the stream ended before the last chunk")
+            received = await ChunkDownload(
+                self.coordinator.session,
+                progress_timeout=self.progress_timeout,
+                download_bucket=self.download_bucket,
+                min_rate_bps=self.receiving.min_rate_bps,
+            ).get(
+                route.url or self.coordinator.url,
+                version,
+                manifest,
+                store,
+                start=start,
+                relay_floor_bps=route.min_rate_bps if relay else None,
+                # only the learner gets our credential; a relay is told who we are and nothing else
+                child=self.worker_id if relay else None,
+                headers={} if relay else self.coordinator.auth_headers(worker_id=self.worker_id),
+            )
+        except DroppedVersion:  # superseded while received: not the parent's fault
+            self._first_missing(version, store)
+            raise
         self.transfers[version].append(
-            {
-                "parent_id": route.parent_id,
-                "bytes": received,
-                "seconds": max(time.monotonic() - started, 1e-6),
-            }
+            {"parent_id": route.parent_id, "bytes": received, "seconds": max(time.monotonic() - started, 1e-6)}
         )
-
-    async def _read(
-        self,
-        content: aiohttp.StreamReader,
-        n: int,
-        *,
-        at_frame: bool = False,
-        meter: RelayMeter | None = None,
-    ) -> bytes | None:
-        """`n` bytes, each piece within the progress timeout and paced by the download cap. At a
-        frame boundary a clean end of stream returns None. With a `meter`, every piece's wait is
-        measured against the relay's floors (the time this worker's own download cap takes is not
-        counted)."""
-        if at_frame and n <= PIECE:
-            try:
-                async with asyncio.timeout(self.progress_timeout):
-                    return await content.readexactly(n)
-            except asyncio.IncompleteReadError as e:
-                if not e.partial:
-                    return None
-                raise
-        parts = []
-        for at in range(0, n, PIECE):
-            size = min(PIECE, n - at)
-            if self.download_bucket is not None:
-                await self.download_bucket.consume(size)
-            t0 = time.monotonic()
-            async with asyncio.timeout(self.progress_timeout):
-                parts.append(await content.readexactly(size))
-            if meter is not None:
-                meter.add(size, time.monotonic() - t0)
-        return b"".join(parts)
 
     # ------------------------------------------------------------------ following
     async def follow(
@@ -455,8 +382,3 @@ def _rebuild(base: SnapshotBytes, delta: bytes, manifest: Manifest) -> bytearray
             f"delta of version {manifest.version}: its header disagrees with its manifest"
         )
     return codec.apply(base, delta)
-
-
-def _chunk_len(manifest: Manifest, index: int) -> int:
-    start, end = manifest.chunk_range(index)
-    return end - start
