@@ -145,3 +145,18 @@ def test_a_quarantined_worker_gets_no_lease_and_shows_in_status(door: Door, mall
     assert [w["state"] for w in st["workers"] if w["worker_id"] == mallory.worker_id] == ["quarantined"]
     assert not any(lease.worker_id == mallory.worker_id for lease in door.state.intake.ingestion.leases.values())
     door.invariant(before, None)
+
+
+@pytest.mark.parametrize("token", [2**40, -1], ids=["huge", "negative"])
+def test_a_token_outside_the_vocabulary_is_refused_before_the_referee_decodes_it(
+    door: Door, mallory: HostileWorker, token
+):
+    """The referee decodes responses, and a tokenizer raises on an id it has no token for: the
+    push is refused by the lease's rules (422 out_of_vocab), never answered 500 (the endpoint fuzz
+    found this once the referee moved ahead of the lock)."""
+    lease_id, records = door.honest_lease(mallory)
+    records[0]["response_ids"][0] = token
+    before = door.snapshot()
+    status, body = mallory.push(lease_id, records)
+    assert (status, body["error"]) == (422, "out_of_vocab"), body
+    door.invariant(before, "out_of_vocab", count=len(records))

@@ -155,10 +155,21 @@ class Intake:
         if self.referee is None:
             return None
         lease = self.ingestion.leases.get(lease_id)  # one dict read; a lease's index map never changes
+        lim = self.ingestion.limits
         if (
             lease is None
             or lease.worker_id != worker_id
             or any(r.group_id not in lease.index_of for r in records)
+            # what a tokenizer cannot decode (too long, ids outside the vocabulary): `ingest`'s
+            # rules refuse it before any referee would see it
+            or any(
+                not r.response_ids
+                or len(r.prompt_ids) > lim.max_prompt_tokens
+                or len(r.response_ids) > lim.max_new_tokens
+                or min(r.prompt_ids + r.response_ids) < 0
+                or max(r.prompt_ids + r.response_ids) >= lim.vocab_size
+                for r in records
+            )
         ):
             return None
         for record in records:
