@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import public_key_hex
 from echo2.broadcast.stream import HEADER, parse_range
-from echo2.control.broadcast import make_blob
+from echo2.control.blob import make_blob
 
 
 class HostileRelay:

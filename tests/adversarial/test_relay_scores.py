@@ -13,7 +13,8 @@ import random
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer, make_blob
+from echo2.control.blob import make_blob
+from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer
 
 KEY = Ed25519PrivateKey.generate()
 MB = 1e6

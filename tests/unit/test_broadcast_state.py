@@ -9,7 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.chunks import verify_chunk, verify_manifest
-from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer, WrongSnapshot, make_blob
+from echo2.control.blob import make_blob
+from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer, WrongSnapshot
 
 KEY = Ed25519PrivateKey.generate()
 BW = 1e6

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from echo2.control import client, errors
-from echo2.control.http import refusal
 from echo2.control.errors import INVALID, Reason
+from echo2.control.http import refusal
 
 
 @pytest.mark.parametrize(

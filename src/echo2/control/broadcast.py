@@ -46,16 +46,12 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from echo2.broadcast.chunks import Manifest, make_manifest
 from echo2.broadcast.plan import (
     PEER_RATE_SAMPLES,
     ChainPlan,
@@ -66,12 +62,9 @@ from echo2.broadcast.plan import (
     tie_order,
 )
 from echo2.config import SLOW_RELAY_FRACTION
+from echo2.control.blob import NotKept, SnapshotBlob
 from echo2.control.installs import Installs
 from echo2.control.transfers import Credit, TransferLedger
-
-
-class NotKept(KeyError):
-    """The version is not (or no longer) kept."""
 
 
 class WrongSnapshot(ValueError):
@@ -110,17 +103,6 @@ class Peer:
     registered_at: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SnapshotBlob:
-    version: int
-    data: bytes
-    sha256: str
-    manifest: Manifest
-    """Signed by the learner's key."""
-    chunks: list[memoryview]
-    """Views into `data`, one per manifest entry."""
-
-
 def clip(rate: float, window: deque[float]) -> float:
     """`rate` within a factor CLIP of the median of `window` (as it is once it holds
     PEER_RATE_SAMPLES; before that the first samples, not a configured guess, set the scale)."""
@@ -128,14 +110,6 @@ def clip(rate: float, window: deque[float]) -> float:
         return rate
     estimate = statistics.median(window)
     return min(max(rate, estimate / CLIP), estimate * CLIP)
-
-
-def make_blob(version: int, data: bytes, chunk_size: int, key: Ed25519PrivateKey) -> SnapshotBlob:
-    """Hash, cut and sign a snapshot (no copy of the bytes)."""
-    manifest, chunks = make_manifest(version, memoryview(data), chunk_size, key)
-    return SnapshotBlob(
-        version=version, data=data, sha256=hashlib.sha256(data).hexdigest(), manifest=manifest, chunks=chunks
-    )
 
 
 class BroadcastState:

@@ -28,14 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast import delta as codec
 from echo2.broadcast.chunks import make_manifest, public_key_hex, sha256_hex
-from echo2.control.broadcast import (
-    BroadcastPolicy,
-    BroadcastState,
-    NotKept,
-    SnapshotBlob,
-    WrongSnapshot,
-    make_blob,
-)
+from echo2.control.blob import NotKept, SnapshotBlob, make_blob
+from echo2.control.broadcast import BroadcastPolicy, BroadcastState, WrongSnapshot
 from echo2.control.errors import Invalid, NoSnapshot, Reason
 from echo2.control.registry import Registry
 from echo2.control.shared import Shared
