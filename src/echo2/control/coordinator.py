@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from echo2.control import errors, identity, prom, status_page, validate
 from echo2.control.errors import Forbidden, Reason, Unauthorized, Unreadable
-from echo2.control.http import WORKER, guard, parse_body, read_body, read_raw, refusal
+from echo2.control.http import WORKER, capped, guard, parse_body, read_body, read_raw, refusal
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
@@ -175,18 +175,8 @@ class Coordinator:
     # ------------------------------------------------------------------ handlers
     async def register(self, request: web.Request) -> web.Response:
         req = await read_body(request, RegisterRequest)
-        relay_url = None
-        if req.relay_port is not None:
-            observed = request.remote or ""
-            if req.relay_host and not (self.any_relay_host or identity.same_host(req.relay_host, observed)):
-                raise Forbidden(
-                    f"relay_host {req.relay_host!r} is not the address this registration came from "
-                    f"({observed}); see coordinator.any_relay_host"
-                )
-            host = req.relay_host or observed
-            if ":" in host and not host.startswith("["):  # IPv6 literal
-                host = f"[{host}]"
-            relay_url = f"http://{host}:{req.relay_port}"
+        observed = request.remote or ""
+        relay_url = identity.relay_url(req.relay_port, req.relay_host, observed, any_host=self.any_relay_host)
         info = await self._blocking(
             self.state.register,
             name=req.name,
@@ -360,23 +350,22 @@ class Coordinator:
             self.app(), access_log=None, shutdown_timeout=2.0, keepalive_timeout=KEEPALIVE_S, lingering_time=0
         )
         await self._runner.setup()
-        server = self._runner.server
-        assert server is not None
-
-        def protocol() -> asyncio.BaseProtocol:  # the cap: aiohttp's server has none of its own
-            if len(server.connections) >= self.max_connections:
-                self.refused_connections += 1
-                return _Refuse()
-            return server()
-
+        assert self._runner.server is not None
         self._listener = await asyncio.get_running_loop().create_server(
-            protocol, host, port, ssl=self.ssl_context, backlog=1024
+            capped(self._runner.server, lambda: self.max_connections, self._count_refused_connection),
+            host,
+            port,
+            ssl=self.ssl_context,
+            backlog=1024,
         )
         bound = self._listener.sockets[0].getsockname()  # port 0 -> the port the OS chose
         scheme = "https" if self.ssl_context is not None else "http"
         self.url = f"{scheme}://{bound[0]}:{bound[1]}"
         self._expiry = asyncio.get_running_loop().create_task(self._expire_forever())
         logger.info("coordinator listening on %s", self.url)
+
+    def _count_refused_connection(self) -> None:
+        self.refused_connections += 1
 
     async def _expire_forever(self) -> None:
         while True:
@@ -406,9 +395,3 @@ class Coordinator:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
 
-
-class _Refuse(asyncio.Protocol):
-    """A connection over MAX_CONNECTIONS: closed as soon as it is made."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()

@@ -112,3 +112,26 @@ def parse_body(raw: bytes, model, worker: str | None, *, direct: bool = False):
     if "worker_id" in model.model_fields and req.worker_id != worker:
         raise Forbidden(f"this credential is not worker {validate.printable(req.worker_id)!r}'s")
     return req
+
+
+def capped(
+    server: web.Server, limit: Callable[[], int], on_refused: Callable[[], None]
+) -> Callable[[], asyncio.BaseProtocol]:
+    """A protocol factory for aiohttp's `server` (which has no connection cap of its own): over
+    `limit()` open connections (read at each connection), a new one is closed as soon as it is
+    made (`on_refused` counts it)."""
+
+    def protocol() -> asyncio.BaseProtocol:
+        if len(server.connections) >= limit():
+            on_refused()
+            return _Refuse()
+        return server()
+
+    return protocol
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over the cap: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()

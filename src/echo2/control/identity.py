@@ -15,6 +15,8 @@ import hmac
 import ipaddress
 import secrets
 
+from echo2.control.errors import Forbidden
+
 
 def new_secret() -> str:
     """A fresh worker secret (256 bits, URL-safe)."""
@@ -66,3 +68,20 @@ def same_host(advertised: str, observed: str) -> bool:
     a = a.ipv4_mapped or a if isinstance(a, ipaddress.IPv6Address) else a
     b = b.ipv4_mapped or b if isinstance(b, ipaddress.IPv6Address) else b
     return a == b
+
+
+def relay_url(port: int | None, advertised: str | None, observed: str, *, any_host: bool) -> str | None:
+    """Where a registering worker's relay is reached: the address its registration came from, or
+    the host it advertises if that is the same host (or `coordinator.any_relay_host` allows any);
+    None without a relay port. Raises Forbidden for a host the worker may not claim."""
+    if port is None:
+        return None
+    if advertised and not (any_host or same_host(advertised, observed)):
+        raise Forbidden(
+            f"relay_host {advertised!r} is not the address this registration came from "
+            f"({observed}); see coordinator.any_relay_host"
+        )
+    host = advertised or observed
+    if ":" in host and not host.startswith("["):  # IPv6 literal
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
