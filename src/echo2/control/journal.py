@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from echo2.control.validate import Problem, Referee, metadata_problem, printable, record_problem
+from echo2.control.validate import Referee, door_problem, printable
 from echo2.records import Trajectory
 
 if TYPE_CHECKING:
@@ -314,9 +314,9 @@ def replay(
     referee: Referee | None = None,
 ) -> list[Trajectory]:
     """Put the batches accepted after a checkpoint back, once its buffer and prompt queue are
-    loaded. Each batch goes through the door again (`door_problem`: the record rules, the lease's
-    limits, and `referee`'s check of the prompt and reward): one that fails is skipped whole, with a
-    warning, and its prompts are generated again. Records already seen are skipped (none is trained
+    loaded. Each batch goes through the door again (`validate.door_problem`: the record rules, the
+    lease's limits, and `referee`'s check of the prompt and reward): one that fails is skipped
+    whole, with a warning, and its prompts are generated again. Records already seen are skipped (none is trained
     twice); the others go to the buffer, or are returned to be held while they are newer than the
     resumed learner (`admit_held` puts them in as it advances). Their prompts are done: out of the
     reissue queue, and the prompt cursor moves past them (a prompt handed out after the checkpoint
@@ -327,7 +327,7 @@ def replay(
     prompts: dict[str, int] = {}
     refused = 0
     for records, batch_prompts in batches:
-        problem = door_problem(ingestion, records, batch_prompts, referee)
+        problem = door_problem(ingestion.limits, records, batch_prompts, referee)
         if problem is not None:
             refused += 1
             logger.warning(
@@ -362,40 +362,6 @@ def replay(
         refused,
     )
     return held
-
-
-def door_problem(
-    ingestion: Leases, records: list[Trajectory], prompts: dict[str, int], referee: Referee | None
-) -> Problem | None:
-    """What the coordinator's door would refuse in a journalled batch (control/validate.py, the
-    lease's length and vocabulary limits, the referee), or None."""
-    lim = ingestion.limits
-    ids: set[str] = set()
-    for r in records:
-        where = f"record {printable(r.record_id, 64)}"
-        if r.record_id in ids:
-            return Problem(reason="duplicate_id", detail=f"{where} twice")
-        ids.add(r.record_id)
-        if (problem := record_problem(r, reward_range=lim.reward_range)) is not None:
-            return problem
-        if (bad := metadata_problem(r.metadata)) is not None:
-            return Problem(reason="malformed", detail=f"{where}: {bad}")
-        if r.group_id not in prompts:
-            return Problem(reason="wrong_group", detail=f"{where}: its group has no prompt index")
-        if (
-            not r.response_ids
-            or len(r.prompt_ids) > lim.max_prompt_tokens
-            or len(r.response_ids) > lim.max_new_tokens
-        ):
-            return Problem(
-                reason="too_long", detail=f"{where}: {len(r.prompt_ids)} / {len(r.response_ids)} tokens"
-            )
-        tokens = r.prompt_ids + r.response_ids
-        if min(tokens) < 0 or max(tokens) >= lim.vocab_size:
-            return Problem(reason="out_of_vocab", detail=f"{where}: token id outside [0, {lim.vocab_size})")
-        if referee is not None and (problem := referee.check(r, prompts[r.group_id])) is not None:
-            return problem
-    return None
 
 
 def admit_held(buffer: ReplayBuffer, held: list[Trajectory]) -> list[Trajectory]:

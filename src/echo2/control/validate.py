@@ -191,3 +191,46 @@ def reward_range(task: object) -> tuple[float, float]:
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
         raise ConfigError(f"task reward_range: must be finite with low <= high, not {declared!r}")
     return low, high
+
+
+class Limits(Protocol):
+    """The lease limits a record is held to (control/leases.py `Limits`)."""
+
+    reward_range: tuple[float, float]
+    max_prompt_tokens: int
+    max_new_tokens: int
+    vocab_size: int
+
+
+def door_problem(
+    lim: Limits, records: list[Trajectory], prompts: dict[str, int], referee: Referee | None
+) -> Problem | None:
+    """What the coordinator's door would refuse in a journalled batch (control/validate.py, the
+    lease's length and vocabulary limits, the referee), or None. Used on resume, where every
+    journalled batch goes through the door again (control/journal.py)."""
+    ids: set[str] = set()
+    for r in records:
+        where = f"record {printable(r.record_id, 64)}"
+        if r.record_id in ids:
+            return Problem(reason="duplicate_id", detail=f"{where} twice")
+        ids.add(r.record_id)
+        if (problem := record_problem(r, reward_range=lim.reward_range)) is not None:
+            return problem
+        if (bad := metadata_problem(r.metadata)) is not None:
+            return Problem(reason="malformed", detail=f"{where}: {bad}")
+        if r.group_id not in prompts:
+            return Problem(reason="wrong_group", detail=f"{where}: its group has no prompt index")
+        if (
+            not r.response_ids
+            or len(r.prompt_ids) > lim.max_prompt_tokens
+            or len(r.response_ids) > lim.max_new_tokens
+        ):
+            return Problem(
+                reason="too_long", detail=f"{where}: {len(r.prompt_ids)} / {len(r.response_ids)} tokens"
+            )
+        tokens = r.prompt_ids + r.response_ids
+        if min(tokens) < 0 or max(tokens) >= lim.vocab_size:
+            return Problem(reason="out_of_vocab", detail=f"{where}: token id outside [0, {lim.vocab_size})")
+        if referee is not None and (problem := referee.check(r, prompts[r.group_id])) is not None:
+            return problem
+    return None
