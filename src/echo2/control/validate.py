@@ -10,7 +10,7 @@ push and counts a refusal under the reason it returns; the coordinator state nev
 fails here. What it cannot know (the prompt the coordinator leased for a group, the reward the task
 gives the response) is checked by a `Referee` (learning/verify.py) inside the state.
 
-Every bound is a module constant, named and documented, so docs/security-door.md can quote them.
+Every bound is a module constant, named and documented, so docs/security.md ("Validation at the door") can quote them.
 """
 
 from __future__ import annotations
