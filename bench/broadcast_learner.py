@@ -141,6 +141,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             "progress_timeout_s": PROGRESS_TIMEOUT_S,
             "worker_upload_mbps": None,  # workers get their caps on their own command line
             "worker_download_mbps": None,
+            "min_relay_mbps": 0.0,  # as before the run view was typed: the bench's relays have no stall floor
         }
     }
     server = Coordinator(

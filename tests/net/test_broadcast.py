@@ -45,7 +45,9 @@ def start_coordinator(
             mode=mode, chunk_size=CHUNK, uplink_budget_bps=chains * WORKER_BPS, worker_bps=WORKER_BPS
         ),
     )
-    run_info = {"broadcast": {"progress_timeout_s": PROGRESS_TIMEOUT, "worker_download_mbps": download_mbps}}
+    run_info = {  # no stall floor: these tests judge relays by the coordinator's slow-relay floor
+        "broadcast": {"progress_timeout_s": PROGRESS_TIMEOUT, "worker_download_mbps": download_mbps, "min_relay_mbps": 0.0}
+    }
     server = Coordinator(state, token=TOKEN, run_info=run_info, heartbeat_interval=0.2, uplink_bps=uplink_bps)
     server.start()
     return server, state
