@@ -1,8 +1,8 @@
 """The learner's coordinator assembled from the run's config: each part gets its section.
 
 `coordinator_state` builds the state (`[coordinator]`'s limits and timeouts, `[scheduler]`,
-`[broadcast]`'s policy, the task's referee), `coordinator` the HTTP service over it (not started),
-`worker_view` what workers are told of the run, `token` the workers' bearer token. Pure
+`[broadcast]`'s policy, the task's referee), `coordinator` the HTTP service over it (not started,
+telling workers the run as `protocol.RunView.of` has it), `token` the workers' bearer token. Pure
 construction: nothing here binds, starts a thread or writes a file (control/remote.py's `start`
 does). Knows nothing of training.
 """
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.config import Config, ConfigError, CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
-from echo2.control.protocol import LearnerView, RunSeed, RunView
+from echo2.control.protocol import RunView
 from echo2.control.scheduler import Scheduler
 from echo2.control.state import CoordinatorState, Limits
 from echo2.data.buffer import ReplayBuffer
@@ -96,28 +96,13 @@ def coordinator(
     return Coordinator(
         state,
         token=token,
-        run_info=worker_view(config),
+        run_info=RunView.of(config),
         heartbeat_interval=ccfg.heartbeat_interval,
         status_extra=status_extra,
         uplink_bps=bytes_per_s(bc.uplink_mbps),
         stream_bps=bytes_per_s(bc.learner_stream_mbps),
         ssl_context=tls(ccfg.tls_cert, ccfg.tls_key),
         any_relay_host=ccfg.any_relay_host,
-    )
-
-
-def worker_view(config: Config) -> RunView:
-    """What workers are told of the run at registration: model, task, rollout, coordinator and
-    broadcast sections, the seed, and of the learner the dtype snapshots arrive in and whether
-    they are adapters."""
-    return RunView(
-        model=config.model,
-        task=config.task,
-        rollout=config.rollout,
-        coordinator=config.coordinator,
-        broadcast=config.broadcast,
-        run=RunSeed(seed=config.run.seed),
-        learner=LearnerView(dtype=config.learner.dtype, lora=config.learner.lora),
     )
 
 

@@ -77,7 +77,7 @@ class LearnerView(_Wire):
 
 
 class RunView(_Wire):
-    """The run as workers are told it at registration (control/assembly.py `worker_view`), in the
+    """The run as workers are told it at registration (`of`, from the learner's config), in the
     learner's own config types: the worker builds its `Config` from it (`config()`), and a reply
     that does not parse as them is refused like any other malformed answer. A section left out
     takes the config's defaults."""
@@ -89,6 +89,20 @@ class RunView(_Wire):
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     run: RunSeed = Field(default_factory=RunSeed)
     learner: LearnerView = Field(default_factory=LearnerView)
+
+    @classmethod
+    def of(cls, config: Config) -> RunView:
+        """What workers are told of `config`: its model, task, rollout, coordinator and broadcast
+        sections, the seed, and the learner's snapshot dtype and LoRA."""
+        return cls(
+            model=config.model,
+            task=config.task,
+            rollout=config.rollout,
+            coordinator=config.coordinator,
+            broadcast=config.broadcast,
+            run=RunSeed(seed=config.run.seed),
+            learner=LearnerView(dtype=config.learner.dtype, lora=config.learner.lora),
+        )
 
     def config(self) -> Config:
         """The worker's run config: these sections, the seed, the learner's dtype and LoRA; the
