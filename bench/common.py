@@ -70,3 +70,24 @@ async def run_clients(num: int, one, stop_at: float, token: str, timeout_s: floa
     finally:
         for s in sessions:
             await s.close()
+
+
+def sample_batch(samples, *, pad_id: int, group_id: str = "g"):
+    """An engine's samples as the learner's batch (reward 0, every response token trained): what a
+    bench compares the engine's behaviour log-probs against. Returns (records, batch)."""
+    from echo2.data.tasks.base import to_tensors
+    from echo2.records import Trajectory
+
+    records = [
+        Trajectory(
+            group_id=group_id,
+            prompt_ids=s.prompt_ids,
+            response_ids=s.response_ids,
+            behaviour_logprobs=s.logprobs,
+            loss_mask=(1,) * len(s.response_ids),
+            reward=0.0,
+            version=0,
+        )
+        for s in samples
+    ]
+    return records, to_tensors(records, pad_id=pad_id, advantages=[0.0] * len(records))

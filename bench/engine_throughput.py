@@ -19,14 +19,13 @@ import statistics
 import time
 
 import torch
-from common import write_json
+from common import sample_batch, write_json
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
-from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import response_logprobs
 from echo2.models import gguf_model_dir, load_model, load_tokenizer
-from echo2.records import Snapshot, Trajectory
+from echo2.records import Snapshot
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine
 
@@ -43,20 +42,7 @@ def tokens_per_s(engine, prompts, *, n: int, repeats: int) -> tuple[list[float],
 
 
 def max_log_ratio(model, tok, groups, temperature: float) -> float:
-    records = [
-        Trajectory(
-            group_id="g",
-            prompt_ids=s.prompt_ids,
-            response_ids=s.response_ids,
-            behaviour_logprobs=s.logprobs,
-            loss_mask=(1,) * len(s.response_ids),
-            reward=0.0,
-            version=0,
-        )
-        for g in groups
-        for s in g
-    ]
-    batch = to_tensors(records, pad_id=tok.pad_token_id, advantages=[0.0] * len(records))
+    _, batch = sample_batch([s for g in groups for s in g], pad_id=tok.pad_token_id)
     with torch.no_grad():
         logp = response_logprobs(model.eval(), batch, temperature=temperature)
     return ((logp - batch.behaviour_logprobs) * batch.loss_mask).abs().max().item()

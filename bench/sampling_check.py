@@ -19,10 +19,10 @@ import json
 import time
 
 import torch
+from common import sample_batch
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
-from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import response_logits
 from echo2.models import load_model, load_tokenizer
 from echo2.rollout import sampling
@@ -72,21 +72,7 @@ def main() -> None:
         groups = engine.generate(prompts, n=args.n, keys=keys)
         for prompt, group in zip(prompts, groups, strict=True):
             rows = [s for s in group]
-            from echo2.records import Trajectory
-
-            recs = [
-                Trajectory(
-                    group_id=prompt.group_id,
-                    prompt_ids=s.prompt_ids,
-                    response_ids=s.response_ids,
-                    behaviour_logprobs=s.logprobs,
-                    loss_mask=(1,) * len(s.response_ids),
-                    reward=0.0,
-                    version=0,
-                )
-                for s in rows
-            ]
-            batch = to_tensors(recs, pad_id=tok.pad_token_id, advantages=[0.0] * len(recs))
+            recs, batch = sample_batch(rows, pad_id=tok.pad_token_id, group_id=prompt.group_id)
             with torch.no_grad():
                 logits = response_logits(model, batch)
             num_pos = batch.targets.shape[1]

@@ -15,13 +15,12 @@ import copy
 import json
 
 import torch
+from common import sample_batch
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
-from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import response_logprobs
 from echo2.models import load_model, load_tokenizer
-from echo2.records import Trajectory
 from echo2.rollout.engine import HFEngine
 
 
@@ -49,20 +48,7 @@ def main() -> None:
     )
     engine = HFEngine(copy.deepcopy(model), tok, rcfg, dtype=torch.bfloat16)
     groups = engine.generate(prompts, n=args.n)
-    records = [
-        Trajectory(
-            group_id="g",
-            prompt_ids=s.prompt_ids,
-            response_ids=s.response_ids,
-            behaviour_logprobs=s.logprobs,
-            loss_mask=(1,) * len(s.response_ids),
-            reward=0.0,
-            version=0,
-        )
-        for g in groups
-        for s in g
-    ]
-    batch = to_tensors(records, pad_id=tok.pad_token_id, advantages=[0.0] * len(records))
+    records, batch = sample_batch([s for g in groups for s in g], pad_id=tok.pad_token_id)
     with torch.no_grad():
         logp = response_logprobs(model.eval(), batch, temperature=args.temperature)
     diff = ((logp - batch.behaviour_logprobs) * batch.loss_mask).abs()
