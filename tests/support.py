@@ -3,10 +3,13 @@ pytest's pythonpath). Fixtures live in conftest.py; plain values and builders li
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from echo2.control.state import CoordinatorState, Limits
 from echo2.data.buffer import ReplayBuffer
+from echo2.rollout.broadcast_peer import BroadcastPeer
+from echo2.rollout.worker_config import PeerConfig
 
 TINY = str(Path(__file__).parents[1] / "configs" / "tiny.toml")
 """The tiny random-model configuration every end-to-end test starts from."""
@@ -50,3 +53,40 @@ def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:
         )
     finally:
         fleet.stop()
+
+
+class Fleet:
+    """Broadcast-only workers in this event loop; `kill` cancels one (its relay cuts its streams)."""
+
+    def __init__(self, url: str, n: int, *, token: str, first: int = 0, **kw) -> None:
+        local = {"url": url, "token": token, "inbound": True, "relay_host": "127.0.0.1"}
+        self.peers = [BroadcastPeer(PeerConfig(**local, name=f"p{first + i}", **kw)) for i in range(n)]
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> Fleet:
+        self.tasks = [asyncio.create_task(p.run(self.stop)) for p in self.peers]
+        while not all(p.client is not None for p in self.peers):  # registered, following
+            await asyncio.sleep(0.02)
+            for t in self.tasks:
+                if t.done():
+                    t.result()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def by_id(self, worker_id: str) -> BroadcastPeer:
+        return next(p for p in self.peers if p.worker_id == worker_id)
+
+    async def kill(self, peer: BroadcastPeer) -> None:
+        task = self.tasks[self.peers.index(peer)]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def installed(self, version: int, peers=None) -> None:
+        while not all(version in p.installed for p in peers or self.peers):
+            await asyncio.sleep(0.02)

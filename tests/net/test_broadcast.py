@@ -19,14 +19,12 @@ import urllib.request
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from support import make_state
+from support import Fleet, make_state
 
 from echo2.broadcast.relay import RelayServer
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
 from echo2.control.state import CoordinatorState
-from echo2.rollout.broadcast_peer import BroadcastPeer
-from echo2.rollout.worker_config import PeerConfig
 
 TOKEN = "bcast-token"
 CHUNK = 64 * 1024
@@ -61,43 +59,6 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class Fleet:
-    """Broadcast-only workers in this event loop; `kill` cancels one (its relay cuts its streams)."""
-
-    def __init__(self, url: str, n: int, **kw) -> None:
-        local = {"url": url, "token": TOKEN, "inbound": True, "relay_host": "127.0.0.1"}
-        self.peers = [BroadcastPeer(PeerConfig(**local, name=f"p{i}", **kw)) for i in range(n)]
-        self.stop = asyncio.Event()
-        self.tasks: list[asyncio.Task] = []
-
-    async def __aenter__(self) -> Fleet:
-        self.tasks = [asyncio.create_task(p.run(self.stop)) for p in self.peers]
-        while not all(p.client is not None for p in self.peers):  # registered, following
-            await asyncio.sleep(0.02)
-            for t in self.tasks:
-                if t.done():
-                    t.result()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    def by_id(self, worker_id: str) -> BroadcastPeer:
-        return next(p for p in self.peers if p.worker_id == worker_id)
-
-    async def kill(self, peer: BroadcastPeer) -> None:
-        task = self.tasks[self.peers.index(peer)]
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    async def installed(self, version: int, peers=None) -> None:
-        while not all(version in p.installed for p in peers or self.peers):
-            await asyncio.sleep(0.02)
-
-
 def publish(state: CoordinatorState, version: int) -> str:
     data = snapshot_bytes(version)
     state.publisher.publish(version, data, keep=2)
@@ -130,7 +91,7 @@ def test_every_worker_installs_every_snapshot(mode):
     server, state = start_coordinator(mode=mode, chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 6) as fleet:
+        async with Fleet(server.url, 6, token=TOKEN) as fleet:
             for v in range(3):
                 digest = publish(state, v)
                 await fleet.installed(v)
@@ -179,7 +140,7 @@ def test_chain_plan_has_n_ch_chains_fed_by_the_learner_once_each():
     server, state = start_coordinator(mode="chain", chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 6) as fleet:
+        async with Fleet(server.url, 6, token=TOKEN) as fleet:
             digest = publish(state, 0)
             plan = state.publisher.bcast.plans[0]
             assert sorted(len(c) for c in plan.chains) == [3, 3]
@@ -202,7 +163,7 @@ def test_relay_killed_mid_broadcast():
     server, state = start_coordinator(mode="chain", chains=1, download_mbps=16, heartbeat_timeout=1.0)
 
     async def scenario():
-        async with Fleet(server.url, 6) as fleet:
+        async with Fleet(server.url, 6, token=TOKEN) as fleet:
             digest = publish(state, 0)
             chain = state.publisher.bcast.plans[0].chains[0]
             victim, child = fleet.by_id(chain[1]), fleet.by_id(chain[2])
@@ -245,7 +206,7 @@ def test_relay_that_stops_making_progress_is_excised():
     server, state = start_coordinator(mode="chain", chains=1)
 
     async def scenario():
-        fleet = Fleet(server.url, 6)
+        fleet = Fleet(server.url, 6, token=TOKEN)
         staller = fleet.peers[0]
         staller.member.relay = StallingRelay(staller.member.store)
         async with fleet:
@@ -273,7 +234,7 @@ def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
     server, state = start_coordinator(mode="chain", chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 6) as fleet:
+        async with Fleet(server.url, 6, token=TOKEN) as fleet:
             slow = fleet.peers[0]
             publish(state, 0)
             await fleet.installed(0)
@@ -325,7 +286,7 @@ def test_relay_that_flips_a_byte_is_detected_and_the_chunk_refetched():
     server, state = start_coordinator(mode="chain", chains=1)
 
     async def scenario():
-        fleet = Fleet(server.url, 6)
+        fleet = Fleet(server.url, 6, token=TOKEN)
         liar = fleet.peers[0]
         flip_first_byte(liar.member.relay)
         async with fleet:
@@ -357,7 +318,7 @@ def test_manifest_with_a_bad_signature_is_refused():
     server, state = start_coordinator(mode="chain", chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 6) as fleet:
+        async with Fleet(server.url, 6, token=TOKEN) as fleet:
             good_key = state.publisher.signing_key
             state.publisher.signing_key = Ed25519PrivateKey.generate()
             publish(state, 0)
@@ -387,7 +348,7 @@ def test_a_peer_marked_lost_registers_again_and_keeps_installing():
     server, state = start_coordinator(mode="star", clock=lambda: now[0])
 
     async def scenario():
-        async with Fleet(server.url, 1) as fleet:
+        async with Fleet(server.url, 1, token=TOKEN) as fleet:
             (peer,) = fleet.peers
             first = peer.worker_id
             now[0] += 100.0
@@ -416,7 +377,7 @@ def test_uplink_cap_paces_the_learner():
     server, state = start_coordinator(mode="star", uplink_bps=8e6)
 
     async def scenario():
-        async with Fleet(server.url, 4) as fleet:
+        async with Fleet(server.url, 4, token=TOKEN) as fleet:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             publish(state, 0)

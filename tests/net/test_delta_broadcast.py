@@ -16,7 +16,7 @@ import json
 import struct
 
 import numpy as np
-from support import make_state
+from support import Fleet, make_state
 
 from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.relay import ChunkStore
@@ -26,7 +26,6 @@ from echo2.control.coordinator import Coordinator
 from echo2.control.protocol import RegisterRequest
 from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.broadcast_peer import BroadcastPeer
-from echo2.rollout.worker_config import PeerConfig
 
 TOKEN = "delta-token"
 CHUNK = 4 * 1024
@@ -84,37 +83,6 @@ def bounded(coro, timeout: float = 60.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-class Fleet:
-    def __init__(self, url: str, n: int, *, first: int = 0) -> None:
-        local = {"url": url, "token": TOKEN, "inbound": True, "relay_host": "127.0.0.1"}
-        self.url, self.local = url, local
-        self.peers = [BroadcastPeer(PeerConfig(**local, name=f"p{first + i}")) for i in range(n)]
-        self.stop = asyncio.Event()
-        self.tasks: list[asyncio.Task] = []
-
-    async def __aenter__(self) -> Fleet:
-        self.tasks = [asyncio.create_task(p.run(self.stop)) for p in self.peers]
-        while not all(p.client is not None for p in self.peers):
-            await asyncio.sleep(0.02)
-            for t in self.tasks:
-                if t.done():
-                    t.result()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    def by_id(self, worker_id: str) -> BroadcastPeer:
-        return next(p for p in self.peers if p.worker_id == worker_id)
-
-    async def installed(self, version: int) -> None:
-        while not all(version in p.installed for p in self.peers):
-            await asyncio.sleep(0.02)
-
-
 def held(peer: BroadcastPeer) -> tuple[int, bytes]:
     version, data = peer.client.base
     return version, bytes(data)
@@ -124,7 +92,7 @@ def test_workers_install_from_the_delta_bit_for_bit_and_relays_forward_it():
     server, state = start_coordinator(chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 4) as fleet:
+        async with Fleet(server.url, 4, token=TOKEN) as fleet:
             publish(state, 0)
             await fleet.installed(0)
             sent_before = {p.worker_id: p.member.relay.bytes_sent for p in fleet.peers}
@@ -165,7 +133,7 @@ def test_a_wrong_base_falls_back_to_the_full_snapshot():
     server, state = start_coordinator(chains=1)
 
     async def scenario():
-        async with Fleet(server.url, 3) as fleet:
+        async with Fleet(server.url, 3, token=TOKEN) as fleet:
             publish(state, 0)
             await fleet.installed(0)
             liar = fleet.peers[1]
@@ -204,7 +172,7 @@ def test_a_tampered_delta_chunk_is_refused_and_fetched_again():
     server, state = start_coordinator(chains=1)
 
     async def scenario():
-        async with Fleet(server.url, 3) as fleet:
+        async with Fleet(server.url, 3, token=TOKEN) as fleet:
             publish(state, 0)
             await fleet.installed(0)
             seed = fleet.by_id(state.publisher.bcast.plans[0].chains[0][0])
@@ -229,12 +197,12 @@ def test_a_worker_joining_mid_run_gets_the_full_snapshot_then_deltas():
     server, state = start_coordinator(chains=2)
 
     async def scenario():
-        async with Fleet(server.url, 2) as fleet:
+        async with Fleet(server.url, 2, token=TOKEN) as fleet:
             publish(state, 0)
             await fleet.installed(0)
             publish(state, 1)
             await fleet.installed(1)
-            async with Fleet(server.url, 1, first=2) as late:
+            async with Fleet(server.url, 1, token=TOKEN, first=2) as late:
                 newcomer = late.peers[0]
                 await late.installed(1)
                 assert newcomer.client.forms[1] == "full" and not newcomer.client.delta_fallbacks
