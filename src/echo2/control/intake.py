@@ -23,7 +23,7 @@ from echo2.control.integrity import RETURNED_UNPUSHED, Integrity
 from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.shared import Shared
-from echo2.control.validate import Referee, printable
+from echo2.control.validate import Referee, printable, token_problem
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -162,14 +162,7 @@ class Intake:
             or any(r.group_id not in lease.index_of for r in records)
             # what a tokenizer cannot decode (too long, ids outside the vocabulary): `ingest`'s
             # rules refuse it before any referee would see it
-            or any(
-                not r.response_ids
-                or len(r.prompt_ids) > lim.max_prompt_tokens
-                or len(r.response_ids) > lim.max_new_tokens
-                or min(r.prompt_ids + r.response_ids) < 0
-                or max(r.prompt_ids + r.response_ids) >= lim.vocab_size
-                for r in records
-            )
+            or any(token_problem(r, lim) is not None for r in records)
         ):
             return None
         for record in records:

@@ -25,7 +25,7 @@ from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 
 from echo2.control.errors import InvalidBatch, LeaseExpired, Reason, Refused, Stale
-from echo2.control.validate import DEFAULT_REWARD_RANGE
+from echo2.control.validate import DEFAULT_REWARD_RANGE, token_problem
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -363,16 +363,8 @@ class Leases:
                 raise InvalidBatch(
                     Reason.WRONG_VERSION, f"{where}: version {r.version} < {lease.version}, the lease's"
                 )
-            if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
-                raise InvalidBatch(
-                    Reason.TOO_LONG,
-                    f"{where}: {len(r.prompt_ids)} prompt / {len(r.response_ids)} response tokens",
-                )
-            if not r.response_ids:
-                raise InvalidBatch(Reason.MALFORMED, f"{where}: empty response")
-            ids = r.prompt_ids + r.response_ids  # not empty: the response is not
-            if min(ids) < 0 or max(ids) >= lim.vocab_size:
-                raise InvalidBatch(Reason.OUT_OF_VOCAB, f"{where}: token id outside [0, {lim.vocab_size})")
+            if (problem := token_problem(r, lim)) is not None:
+                raise InvalidBatch(problem.reason, problem.detail)
         for gid, n in Counter(r.group_id for r in records).items():
             have = self.buffer.group_count(gid) + n
             if have > lim.group_size:

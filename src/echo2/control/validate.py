@@ -202,6 +202,24 @@ class Limits(Protocol):
     vocab_size: int
 
 
+def token_problem(r: Trajectory, lim: Limits) -> Problem | None:
+    """A record's tokens against the lease's limits: a response, lengths within them, every id in
+    the vocabulary (what a tokenizer needs to decode it); None when they hold. The one statement of
+    these rules: the lease check, the referee's pre-check and the resume's door all ask it."""
+    where = f"record {printable(r.record_id, 64)}"
+    if len(r.prompt_ids) > lim.max_prompt_tokens or len(r.response_ids) > lim.max_new_tokens:
+        return Problem(
+            reason="too_long",
+            detail=f"{where}: {len(r.prompt_ids)} prompt / {len(r.response_ids)} response tokens",
+        )
+    if not r.response_ids:
+        return Problem(reason="malformed", detail=f"{where}: empty response")
+    tokens = r.prompt_ids + r.response_ids
+    if min(tokens) < 0 or max(tokens) >= lim.vocab_size:
+        return Problem(reason="out_of_vocab", detail=f"{where}: token id outside [0, {lim.vocab_size})")
+    return None
+
+
 def door_problem(
     lim: Limits, records: list[Trajectory], prompts: dict[str, int], referee: Referee | None
 ) -> Problem | None:
@@ -220,17 +238,8 @@ def door_problem(
             return Problem(reason="malformed", detail=f"{where}: {bad}")
         if r.group_id not in prompts:
             return Problem(reason="wrong_group", detail=f"{where}: its group has no prompt index")
-        if (
-            not r.response_ids
-            or len(r.prompt_ids) > lim.max_prompt_tokens
-            or len(r.response_ids) > lim.max_new_tokens
-        ):
-            return Problem(
-                reason="too_long", detail=f"{where}: {len(r.prompt_ids)} / {len(r.response_ids)} tokens"
-            )
-        tokens = r.prompt_ids + r.response_ids
-        if min(tokens) < 0 or max(tokens) >= lim.vocab_size:
-            return Problem(reason="out_of_vocab", detail=f"{where}: token id outside [0, {lim.vocab_size})")
+        if (problem := token_problem(r, lim)) is not None:
+            return problem
         if referee is not None and (problem := referee.check(r, prompts[r.group_id])) is not None:
             return problem
     return None
