@@ -7,8 +7,8 @@ order of importance; after every row the results JSON, the markdown table and th
 rewritten, so a partial study is reportable. A row already in the results is skipped (--force
 reruns it). Run one row alone with --only:
 
-    python bench/staleness_study.py                                   # the whole grid
-    python bench/staleness_study.py --only lag=4,correction=tis,seed=0
+    python bench/staleness_study.py                                   # the powered grid
+    python bench/staleness_study.py --grid pilot --only lag=4,correction=tis,seed=0
     python bench/staleness_study.py --only workers=2,seed=0
 """
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (lag, correction, seed) in the order the study runs them: the comparisons the recommendation
 # rests on first (lag 0 and 8 with clip, lag 4 with clip, lag 8 under each correction).
-GRID: list[dict] = [
+PILOT: list[dict] = [
     {"lag": 0, "correction": "clip", "seed": 0},
     {"lag": 8, "correction": "clip", "seed": 0},
     {"lag": 4, "correction": "clip", "seed": 0},
@@ -52,6 +52,22 @@ GRID: list[dict] = [
     {"lag": 2, "correction": "clip", "seed": 1},
     {"lag": 1, "correction": "clip", "seed": 1},
 ]
+
+
+# The powered study (issue: lag 0 vs 4 vs 8, `clip` and `dual_clip`, about 6 seeds per arm to see a
+# 0.10 gap at 80% power from the pilot's SD): seeds interleaved across the arms, so that a study cut
+# short by the machine's budget is balanced, and resumable across sessions (done rows are skipped).
+# Every arm runs the same 48 updates; lag 8 reaches its steady state (learner 8 versions ahead) at
+# step 8 and then runs 40 steps at lag 8. Lag 0 has one arm: at lag 0 the ratio is 1 and `dual_clip`
+# is `clip`.
+POWERED_ARMS = [(0, "clip"), (8, "clip"), (4, "clip"), (8, "dual_clip"), (4, "dual_clip")]
+POWERED: list[dict] = [
+    {"lag": lag, "correction": correction, "seed": seed} for seed in range(8) for lag, correction in POWERED_ARMS
+]
+GRIDS = {
+    "pilot": (PILOT, {"steps": 14, "eval_every": 0, "out": "staleness_study", "plot": "docs/staleness.png"}),
+    "powered": (POWERED, {"steps": 48, "eval_every": 16, "out": "staleness_powered", "plot": "docs/staleness_powered.png"}),
+}
 
 
 def row_name(row: dict) -> str:
@@ -99,6 +115,7 @@ def summarise(row: dict, run_dir: Path, wall_s: float, cmd: list[str]) -> dict:
         return statistics.fmean(values) if values else None
 
     before = summary["eval_before"]["eval/accuracy"]
+    evals = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
     after = summary["eval_after"]["eval/accuracy"]
     return {
         **row,
@@ -106,6 +123,8 @@ def summarise(row: dict, run_dir: Path, wall_s: float, cmd: list[str]) -> dict:
         "steps": summary["steps"],
         "accuracy_before": before,
         "accuracy_after": after,
+        # held-out accuracy as the mean of the last 3 evaluations (the powered study's measure)
+        "accuracy_last3": statistics.fmean(evals[-3:]) if len(evals) >= 3 else None,
         "eval_count": summary["eval_after"]["eval/count"],
         "reward_first5": mean("reward/mean", metrics[:5]),
         "reward_last5": mean("reward/mean", tail),
@@ -125,6 +144,7 @@ def summarise(row: dict, run_dir: Path, wall_s: float, cmd: list[str]) -> dict:
         },
         "time_step_median_s": statistics.median(m["time/step"] for m in metrics),
         "wall_s": wall_s,
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
         "command": " ".join(["python", *cmd[1:]]),
     }
 
@@ -135,15 +155,15 @@ def fmt(value, digits: int = 3) -> str:
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| row | lag / S | correction | seed | held-out before | after | reward first 5 | last 5 "
+        "| row | lag / S | correction | seed | held-out before | after | mean of last 3 evals | reward first 5 | last 5 "
         "| ratio p99 (mean / max over steps) | clipped/truncated | KL(mu ‖ pi), k3 | median step s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         lag = f"S={r['staleness']} (workers)" if "workers" in r else str(r["lag"])
         lines.append(
             f"| `{r['name']}` | {lag} | {r['correction']} | {r['seed']} | {fmt(r['accuracy_before'])} "
-            f"| **{fmt(r['accuracy_after'])}** | {fmt(r['reward_first5'], 2)} | {fmt(r['reward_last5'], 2)} "
+            f"| **{fmt(r['accuracy_after'])}** | {fmt(r.get('accuracy_last3'))} | {fmt(r['reward_first5'], 2)} | {fmt(r['reward_last5'], 2)} "
             f"| {fmt(r['ratio_p99_mean'])} / {fmt(r['ratio_p99_max'])} | {fmt(r['corrected_fraction_mean'])} "
             f"| {fmt(r['kl_behaviour_mean'], 4)} | {fmt(r['time_step_median_s'], 1)} |"
         )
@@ -180,24 +200,32 @@ def plot(results: list[dict], out: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/quickstart.toml")
-    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--grid", choices=sorted(GRIDS), default="powered", help="pilot: the 14-step grid of 2026-12-01")
+    p.add_argument("--steps", type=int, help="default: the grid's (pilot 14, powered 48)")
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument(
         "--eval-size", type=int, default=100, help="held-out problems (68 distinct at difficulty 1)"
     )
-    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-every", type=int, help="default: the grid's (pilot 0, powered 16)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", help="run only the rows matching k=v,k=v (e.g. lag=4,correction=tis,seed=0)")
     p.add_argument("--force", action="store_true", help="rerun rows already in the results")
-    p.add_argument("--runs", default="runs/staleness_study", help="run directories, one per row")
-    p.add_argument("--json", default="docs/bench/staleness_study.json")
-    p.add_argument("--table", default="docs/bench/staleness_study.md")
-    p.add_argument("--plot", default="docs/staleness.png")
+    p.add_argument("--runs", help="run directories, one per row (default runs/<grid's name>)")
+    p.add_argument("--json", help="default docs/bench/<grid's name>.json")
+    p.add_argument("--table", help="default docs/bench/<grid's name>.md")
+    p.add_argument("--plot", help="default: the grid's")
     args = p.parse_args()
+    grid, defaults = GRIDS[args.grid]
+    args.steps = args.steps if args.steps is not None else defaults["steps"]
+    args.eval_every = args.eval_every if args.eval_every is not None else defaults["eval_every"]
+    args.runs = args.runs or f"runs/{defaults['out']}"
+    args.json = args.json or f"docs/bench/{defaults['out']}.json"
+    args.table = args.table or f"docs/bench/{defaults['out']}.md"
+    args.plot = args.plot or defaults["plot"]
 
-    rows = [r for r in GRID if not args.only or matches(r, args.only)]
+    rows = [r for r in grid if not args.only or matches(r, args.only)]
     if not rows:
         sys.exit(f"--only: no row of the grid matches {args.only!r}")
     out = Path(args.json)
@@ -221,7 +249,7 @@ def main() -> None:
             continue
         result = summarise(row, run_dir, wall, cmd)
         results = [r for r in results if r["name"] != name] + [result]
-        order = [row_name(g) for g in GRID]
+        order = [row_name(g) for g in grid]
         results.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
         write_json(args.json, {"settings": settings, "rows": results})
         Path(args.table).write_text(table(results))

@@ -188,6 +188,7 @@ def run(
             extra=None if is_lora(model) else lambda d: write_hf_files(model, tokenizer, d),
         )
 
+    last_eval: tuple[int, dict[str, float] | None] = (-1, None)  # (step, held-out accuracy) of the latest
     try:
         # ---- the loop
         bar = tqdm(
@@ -265,7 +266,8 @@ def run(
                 t_train=t2 - t1,
             )
             if config.run.eval_every and eval_prompts and state.step % config.run.eval_every == 0:
-                row |= evaluate_now(engine, model, state.version, task, eval_prompts, config)
+                last_eval = (state.step, evaluate_now(engine, model, state.version, task, eval_prompts, config))
+                row |= last_eval[1]
             metrics.write(row)
             tracker.log_step(step, row, groups)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
@@ -280,9 +282,12 @@ def run(
 
     # ---- final evaluation and checkpoint
     engine.install(make_snapshot(model, state.version, lcfg))
-    eval_after = (
-        evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
-    )
+    if last_eval[0] == state.step:  # the last step was just evaluated: greedy, so the same result
+        eval_after = last_eval[1]
+    else:
+        eval_after = (
+            evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
+        )
     save()
     if is_lora(model):  # the checkpoint holds the peft-wrapped policy; hf/ the merged model
         save_merged(model, tokenizer, run_dir / "hf")
