@@ -23,10 +23,11 @@ from typing import Any
 from broadcast_report import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
 from procstat import busy, cpu_times, procs_cpu
 
-from echo2.config import SLOW_RELAY_FRACTION
+from echo2.config import SLOW_RELAY_FRACTION, CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
+from echo2.control.leases import Limits, Work
 from echo2.control.publisher import Publisher
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 
@@ -76,12 +77,15 @@ def bench_state(
     broadcasts planned from the configured budgets, and workers kept while a broadcast of `timeout`
     seconds runs."""
     return CoordinatorState(
+        CoordinatorConfig(
+            lease_timeout=600.0, heartbeat_timeout=max(120.0, timeout), max_leases_per_worker=4
+        ),
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=1),
+            limits=Limits(vocab_size=2, max_prompt_tokens=1, max_new_tokens=1, group_size=1),
+            group_id_of=str,
+        ),
         publisher=BenchPublisher,
-        buffer=ReplayBuffer(staleness=1, group_size=1),
-        limits=Limits(vocab_size=2, max_prompt_tokens=1, max_new_tokens=1, group_size=1),
-        group_id_of=str,
-        lease_timeout=600.0,
-        heartbeat_timeout=max(120.0, timeout),
         broadcast=BroadcastPolicy(
             mode=mode,
             chunk_size=chunk_bytes,
@@ -126,7 +130,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     from echo2.control.coordinator import Coordinator
-    from echo2.control.state import WorkerStatus
+    from echo2.control.registry import WorkerStatus
 
     state = bench_state(
         mode=args.mode,

@@ -48,9 +48,11 @@ import uuid
 
 from common import run_clients, write_json
 
+from echo2.config import CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.control.validate import reward_range
 from echo2.data.buffer import ReplayBuffer
 
@@ -157,11 +159,14 @@ def pct(values: list[float], q: float) -> float:
 
 def heartbeats_once(args: argparse.Namespace) -> dict:
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
-        limits=Limits(vocab_size=50_000, max_prompt_tokens=256, max_new_tokens=32, group_size=GROUP),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=300.0,
-        heartbeat_timeout=args.heartbeat_timeout,
+        CoordinatorConfig(
+            lease_timeout=300.0, heartbeat_timeout=args.heartbeat_timeout, max_leases_per_worker=4
+        ),
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+            limits=Limits(vocab_size=50_000, max_prompt_tokens=256, max_new_tokens=32, group_size=GROUP),
+            group_id_of=lambda i: f"g{i}",
+        ),
         broadcast=BroadcastPolicy(mode="chain", chunk_size=4096, uplink_budget_bps=100e6 / 8),
     )
     for v in range(args.versions):  # 64 kept versions, as with a long run at staleness 63
@@ -180,7 +185,10 @@ def heartbeats_once(args: argparse.Namespace) -> dict:
     proc.start()
     ready.get(timeout=600)
     cpu = time.process_time()
-    assert len(state.registry.workers) == args.workers and state.publisher.t_bcast_all.get(args.versions - 1) is not None
+    assert (
+        len(state.registry.workers) == args.workers
+        and state.publisher.t_bcast_all.get(args.versions - 1) is not None
+    )
     stop = threading.Event()
 
     def learner() -> None:  # publishes a new version every `publish_every` seconds, keeps 64
@@ -331,20 +339,25 @@ def ingest_once(
 
     task = ArithmeticTask(ArithmeticTaskConfig(), seed=0)
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
-        limits=Limits(
-            vocab_size=vocab_size,
-            max_prompt_tokens=256,
-            max_new_tokens=RESPONSE_TOKENS,
-            group_size=GROUP,
-            reward_range=reward_range(task),
+        CoordinatorConfig(
+            lease_timeout=300.0,
+            heartbeat_timeout=60.0,
+            groups_per_lease=args.groups_per_lease,
+            max_leases_per_worker=4,
         ),
-        group_id_of=lambda i: task.train_prompt(i).group_id,
-        lease_timeout=300.0,
-        heartbeat_timeout=60.0,
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+            limits=Limits(
+                vocab_size=vocab_size,
+                max_prompt_tokens=256,
+                max_new_tokens=RESPONSE_TOKENS,
+                group_size=GROUP,
+                reward_range=reward_range(task),
+            ),
+            group_id_of=lambda i: task.train_prompt(i).group_id,
+            groups_per_step=args.clients * args.groups_per_lease,
+        ),
         referee=TaskReferee(task, load_tokenizer(TinyModelConfig())) if referee else None,
-        max_groups_per_lease=args.groups_per_lease,
-        groups_per_step=args.clients * args.groups_per_lease,  # every client's share is a full lease
     )
     scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-") if journal else None
     log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if scratch is not None else None
@@ -379,7 +392,9 @@ def ingest_once(
         journal_bytes = (Path(scratch.name) / NAME).stat().st_size
         log.close()
         scratch.cleanup()
-    assert state.intake.ingestion.accepted >= result["accepted"], "the coordinator stored every push the clients counted"
+    assert state.intake.ingestion.accepted >= result["accepted"], (
+        "the coordinator stored every push the clients counted"
+    )
     assert not result["refused"], f"honest pushes were refused: {result['refused']}"
     assert not result["clients_out_of_records"], "clients ran past the records built: raise --groups"
     rejected = dict(state.intake.ingestion.rejected)

@@ -34,8 +34,10 @@ import uuid
 from common import write_json
 from coordinator_load import GROUP, TOKEN, honest_groups, pct
 
+from echo2.config import CoordinatorConfig
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.control.validate import reward_range
 from echo2.data.buffer import ReplayBuffer
 
@@ -176,22 +178,26 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
 
     task = ArithmeticTask(ArithmeticTaskConfig(), seed=0)
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
-        limits=Limits(
-            vocab_size=vocab_size,
-            max_prompt_tokens=256,
-            max_new_tokens=16,
-            group_size=GROUP,
-            reward_range=reward_range(task),
+        CoordinatorConfig(
+            lease_timeout=300.0,
+            heartbeat_timeout=60.0,
+            groups_per_lease=STREAM_GROUPS,
+            max_leases_per_worker=4,
+            quarantine_after=10**9,
         ),
-        group_id_of=lambda i: task.train_prompt(i).group_id,
-        lease_timeout=300.0,
-        heartbeat_timeout=60.0,
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+            limits=Limits(
+                vocab_size=vocab_size,
+                max_prompt_tokens=256,
+                max_new_tokens=16,
+                group_size=GROUP,
+                reward_range=reward_range(task),
+            ),
+            group_id_of=lambda i: task.train_prompt(i).group_id,
+            groups_per_step=args.pushers * STREAM_GROUPS,
+        ),
         referee=TaskReferee(task, load_tokenizer(TinyModelConfig())),
-        max_groups_per_lease=STREAM_GROUPS,
-        max_leases_per_worker=4,
-        groups_per_step=args.pushers * STREAM_GROUPS,
-        quarantine_after=10**9,
     )
     state.publisher.publish(0, b"v0", keep=2)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)

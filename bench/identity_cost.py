@@ -19,8 +19,10 @@ from pathlib import Path
 
 from common import write_json
 
+from echo2.config import CoordinatorConfig
 from echo2.control import journal
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
@@ -29,12 +31,12 @@ GROUP = 8
 
 def state() -> CoordinatorState:
     return CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=GROUP),
-        limits=Limits(vocab_size=100, max_prompt_tokens=64, max_new_tokens=64, group_size=GROUP),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=1e9,
-        heartbeat_timeout=1e9,
-        max_leases_per_worker=10**6,  # one worker holds every lease of the measurement
+        CoordinatorConfig(lease_timeout=1e9, heartbeat_timeout=1e9, max_leases_per_worker=10**6),
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=GROUP),
+            limits=Limits(vocab_size=100, max_prompt_tokens=64, max_new_tokens=64, group_size=GROUP),
+            group_id_of=lambda i: f"g{i}",
+        ),
     )
 
 

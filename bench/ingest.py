@@ -22,8 +22,10 @@ import uuid
 
 from common import run_clients, write_json
 
+from echo2.config import CoordinatorConfig
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 GROUP = 8
@@ -77,11 +79,12 @@ def clients(url: str, num: int, seconds: float, out: mp.Queue) -> None:
 def once(num_clients: int, seconds: float) -> dict:
     buffer = ReplayBuffer(staleness=0, group_size=GROUP)
     state = CoordinatorState(
-        buffer=buffer,
-        limits=Limits(vocab_size=50_000, max_prompt_tokens=256, max_new_tokens=32, group_size=GROUP),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=60,
-        heartbeat_timeout=60,
+        CoordinatorConfig(lease_timeout=60, heartbeat_timeout=60, max_leases_per_worker=4),
+        work=Work(
+            buffer=buffer,
+            limits=Limits(vocab_size=50_000, max_prompt_tokens=256, max_new_tokens=32, group_size=GROUP),
+            group_id_of=lambda i: f"g{i}",
+        ),
     )
     state.publisher.publish(0, b"v0", keep=1)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from echo2.control.state import CoordinatorState, Limits
+from echo2.config import CoordinatorConfig
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker_config import PeerConfig
@@ -27,18 +29,21 @@ class FakeClock:
         return self.now
 
 
-def make_state(clock: FakeClock | None = None, **extra) -> CoordinatorState:
-    """A coordinator state over a tiny vocabulary: S = 1, groups of 2, group ids g0, g1, ..."""
-    kwargs = {
-        "buffer": ReplayBuffer(staleness=1, group_size=2),
-        "limits": LIMITS,
-        "group_id_of": lambda i: f"g{i}",
-        "lease_timeout": 30.0,
-        "heartbeat_timeout": 10.0,
-    }
+def make_state(clock: FakeClock | None = None, *, groups_per_step: int = 1024, **extra) -> CoordinatorState:
+    """A coordinator state over a tiny vocabulary: S = 1, groups of 2, group ids g0, g1, ...;
+    lease timeout 30 s, heartbeat timeout 10 s, 4 leases per worker. `extra` sets `[coordinator]`
+    keys (e.g. `groups_per_lease`) and the state's other arguments (`scheduler`, `broadcast`, ...)."""
+    section = {"lease_timeout": 30.0, "heartbeat_timeout": 10.0, "max_leases_per_worker": 4}
+    section |= {k: extra.pop(k) for k in list(extra) if k in CoordinatorConfig.model_fields}
+    work = Work(
+        buffer=ReplayBuffer(staleness=1, group_size=2),
+        limits=LIMITS,
+        group_id_of=lambda i: f"g{i}",
+        groups_per_step=groups_per_step,
+    )
     if clock is not None:
-        kwargs["clock"] = clock
-    return CoordinatorState(**(kwargs | extra))
+        extra["clock"] = clock
+    return CoordinatorState(CoordinatorConfig(**section), work=work, **extra)
 
 
 def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:

@@ -25,9 +25,16 @@ from typing import Any
 
 import torch
 
-from echo2.config import ArithmeticTaskConfig, LearnerConfig, RolloutConfig, TinyModelConfig
+from echo2.config import (
+    ArithmeticTaskConfig,
+    CoordinatorConfig,
+    LearnerConfig,
+    RolloutConfig,
+    TinyModelConfig,
+)
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.control.validate import reward_range
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.arithmetic import ArithmeticTask
@@ -160,7 +167,10 @@ class Door:
                 "accepted": s.intake.ingestion.accepted,
                 "buffer": s.intake.buffer.contents_by_version(),
                 "seen": sorted(s.intake.buffer._seen),
-                "leases": {k: (v.worker_id, v.indices, set(v.done_groups)) for k, v in s.intake.ingestion.leases.items()},
+                "leases": {
+                    k: (v.worker_id, v.indices, set(v.done_groups))
+                    for k, v in s.intake.ingestion.leases.items()
+                },
                 "next_index": s.intake.ingestion.next_index,
                 "reissue": list(s.intake.ingestion.reissue),
                 "workers": {k: (w.version, w.throughput, w.status) for k, w in s.registry.workers.items()},
@@ -209,28 +219,36 @@ class Door:
         self.server.stop()
 
 
-def open_door(**state_kw: Any) -> Door:
+def open_door(**section: Any) -> Door:
     """A coordinator with the door's checks and the task's referee, version 0 published."""
     torch.manual_seed(0)
     tokenizer = CharTokenizer()
     task = ArithmeticTask(ArithmeticTaskConfig(), seed=0)
     clock = FakeClock()
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=GROUP_SIZE),
-        limits=Limits(
-            vocab_size=len(tokenizer),
-            max_prompt_tokens=256,
-            max_new_tokens=4,
-            group_size=GROUP_SIZE,
-            reward_range=reward_range(task),
+        CoordinatorConfig(
+            **{
+                "lease_timeout": 30.0,
+                "heartbeat_timeout": 10.0,
+                "groups_per_lease": PROMPTS,
+                "max_leases_per_worker": 4,
+            }
+            | section
         ),
-        group_id_of=lambda i: task.train_prompt(i).group_id,
-        lease_timeout=30.0,
-        heartbeat_timeout=10.0,
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=GROUP_SIZE),
+            limits=Limits(
+                vocab_size=len(tokenizer),
+                max_prompt_tokens=256,
+                max_new_tokens=4,
+                group_size=GROUP_SIZE,
+                reward_range=reward_range(task),
+            ),
+            group_id_of=lambda i: task.train_prompt(i).group_id,
+            groups_per_step=PROMPTS,
+        ),
         clock=clock,
         referee=TaskReferee(task, tokenizer),
-        max_groups_per_lease=PROMPTS,
-        **state_kw,
     )
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=4 * 2**20)
     server.start()

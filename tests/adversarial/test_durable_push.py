@@ -14,7 +14,7 @@ import logging
 from hostile import Door, HostileWorker
 
 from echo2.control import journal
-from echo2.control.leases import Leases
+from echo2.control.leases import Leases, Work
 from echo2.data.buffer import ReplayBuffer
 
 
@@ -72,9 +72,11 @@ def test_a_failed_journal_write_stores_nothing_and_the_retry_is_not_a_duplicate(
     assert [[r.record_id for r in batch] for batch, _ in batches] == [[r["record_id"] for r in records]]
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     ingestion = Leases(
-        buffer=ReplayBuffer(staleness=intake.buffer.staleness, group_size=intake.buffer.group_size),
-        limits=intake.ingestion.limits,
-        group_id_of=intake.ingestion.group_id_of,
+        Work(
+            buffer=ReplayBuffer(staleness=intake.buffer.staleness, group_size=intake.buffer.group_size),
+            limits=intake.ingestion.limits,
+            group_id_of=intake.ingestion.group_id_of,
+        ),
         lease_timeout=30.0,
     )
     held = journal.replay(ingestion, iter(batches))

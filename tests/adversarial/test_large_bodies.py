@@ -18,9 +18,11 @@ import uuid
 
 import pytest
 
+from echo2.config import CoordinatorConfig
 from echo2.control import coordinator as coordinator_module
 from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.leases import Limits, Work
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 TOKEN = "run-token"
@@ -31,11 +33,14 @@ SENT = 64 * 2**10
 @pytest.fixture
 def served():
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=1000, max_prompt_tokens=64, max_new_tokens=64, group_size=2, reward_range=(0, 1)),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=60.0,
+        CoordinatorConfig(lease_timeout=30.0, heartbeat_timeout=60.0, max_leases_per_worker=4),
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=2),
+            limits=Limits(
+                vocab_size=1000, max_prompt_tokens=64, max_new_tokens=64, group_size=2, reward_range=(0, 1)
+            ),
+            group_id_of=lambda i: f"g{i}",
+        ),
     )
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=64 * 2**20)
     server.start()
@@ -126,11 +131,14 @@ def test_connections_over_the_cap_are_closed_at_once(served, monkeypatch):
 def test_an_idle_or_slowloris_connection_is_closed_after_the_keepalive(monkeypatch):
     monkeypatch.setattr(coordinator_module, "KEEPALIVE_S", 0.5)
     state = CoordinatorState(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(vocab_size=10, max_prompt_tokens=8, max_new_tokens=8, group_size=2, reward_range=(0, 1)),
-        group_id_of=lambda i: f"g{i}",
-        lease_timeout=30.0,
-        heartbeat_timeout=60.0,
+        CoordinatorConfig(lease_timeout=30.0, heartbeat_timeout=60.0, max_leases_per_worker=4),
+        work=Work(
+            buffer=ReplayBuffer(staleness=1, group_size=2),
+            limits=Limits(
+                vocab_size=10, max_prompt_tokens=8, max_new_tokens=8, group_size=2, reward_range=(0, 1)
+            ),
+            group_id_of=lambda i: f"g{i}",
+        ),
     )
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
     server.start()

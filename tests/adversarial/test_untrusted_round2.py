@@ -298,15 +298,17 @@ def _rec(gid: str, rid: str, reward: float = 1.0):
 
 
 def _ingestion():
-    from echo2.control.leases import Leases, Limits
+    from echo2.control.leases import Leases, Limits, Work
     from echo2.data.buffer import ReplayBuffer
 
     return Leases(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=Limits(
-            vocab_size=64, max_prompt_tokens=16, max_new_tokens=8, group_size=2, reward_range=(0.0, 1.0)
+        Work(
+            buffer=ReplayBuffer(staleness=1, group_size=2),
+            limits=Limits(
+                vocab_size=64, max_prompt_tokens=16, max_new_tokens=8, group_size=2, reward_range=(0.0, 1.0)
+            ),
+            group_id_of=lambda i: f"g{i}",
         ),
-        group_id_of=lambda i: f"g{i}",
         lease_timeout=30.0,
     )
 

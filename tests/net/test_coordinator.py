@@ -348,8 +348,8 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
     """With a provider, standby workers are offers, not processes: activation starts one (counted
     while it starts, so no double start), release stops it (released, not lost, not replaced), and a
     silent worker is stopped as failed and replaced at once."""
+    from echo2.control.registry import WorkerStatus
     from echo2.control.scheduler import Scheduler
-    from echo2.control.state import WorkerStatus
 
     clock = FakeClock()
     target = {"mu": 2.0}

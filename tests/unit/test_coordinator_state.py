@@ -14,7 +14,7 @@ from support import LIMITS, FakeClock, make_state
 from echo2.broadcast.chunks import public_key_hex
 from echo2.control.errors import InvalidBatch, LeaseExpired, Released, Stale, UnknownWorker
 from echo2.control.fleet import Call, Fleet, Slots
-from echo2.control.leases import Leases
+from echo2.control.leases import Leases, Work
 from echo2.control.registry import Registry, WorkerStatus
 from echo2.control.scheduler import Kind, Scheduler
 from echo2.control.selection import WorkerOffer
@@ -81,9 +81,7 @@ def test_registry_windowed_throughput():
 # ---------------------------------------------------------------------- leases and ingestion
 def leases() -> Leases:
     return Leases(
-        buffer=ReplayBuffer(staleness=1, group_size=2),
-        limits=LIMITS,
-        group_id_of=lambda i: f"g{i}",
+        Work(buffer=ReplayBuffer(staleness=1, group_size=2), limits=LIMITS, group_id_of=lambda i: f"g{i}"),
         lease_timeout=30.0,
     )
 

@@ -159,7 +159,7 @@ def test_a_worker_that_declares_too_much_is_sized_by_what_it_delivers():
     """Declared 100 traj/s, delivers 1: its first lease is sized from the claim (capped by a step),
     every later one, and its standing with the scheduler, from the delivered rate."""
     clock = FakeClock()
-    state = make_state(clock, max_groups_per_lease=8, groups_per_step=8)  # lease timeout 30 s, groups of 2
+    state = make_state(clock, groups_per_lease=8, groups_per_step=8)  # lease timeout 30 s, groups of 2
     state.publisher.publish(0, b"v0", keep=2)
     wid = state.register(
         name="liar", hardware="x", price_per_hour=1.0, inbound=False, throughput=100.0

@@ -21,9 +21,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.config import Config, ConfigError, CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.coordinator import Coordinator
+from echo2.control.leases import Limits, Work
 from echo2.control.protocol import RunView
 from echo2.control.scheduler import Scheduler
-from echo2.control.state import CoordinatorState, Limits
+from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
 from echo2.envs import response_limit
@@ -49,25 +50,22 @@ def coordinator_state(
 
     ccfg, scfg, bc = config.coordinator, config.scheduler, config.broadcast
     return CoordinatorState(
-        buffer=buffer,
-        limits=Limits(
-            vocab_size=vocab_size,
-            max_prompt_tokens=config.rollout.max_prompt_tokens,
-            max_new_tokens=response_limit(config),
-            group_size=config.rollout.group_size,
-            reward_range=reward_range(task),
+        ccfg,
+        work=Work(
+            buffer=buffer,
+            limits=Limits(
+                vocab_size=vocab_size,
+                max_prompt_tokens=config.rollout.max_prompt_tokens,
+                max_new_tokens=response_limit(config),
+                group_size=config.rollout.group_size,
+                reward_range=reward_range(task),
+            ),
+            groups_per_step=config.rollout.prompts_per_step,
+            group_id_of=lambda i: task.train_prompt(i).group_id,
         ),
         referee=TaskReferee(task, tokenizer, max_new_tokens=config.rollout.max_new_tokens)
         if tokenizer is not None
         else None,
-        max_leases_per_worker=ccfg.max_leases_per_worker,
-        max_groups_per_lease=ccfg.groups_per_lease or config.rollout.prompts_per_step,
-        groups_per_step=config.rollout.prompts_per_step,
-        quarantine_after=ccfg.quarantine_after,
-        purge_after=ccfg.purge_after,
-        group_id_of=lambda i: task.train_prompt(i).group_id,
-        lease_timeout=ccfg.lease_timeout,
-        heartbeat_timeout=ccfg.heartbeat_timeout,
         scheduler=Scheduler(sustain_s=scfg.sustain_s, release_margin=scfg.release_margin)
         if scfg.enabled
         else None,

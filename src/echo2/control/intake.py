@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from echo2.config import CoordinatorConfig
 from echo2.control.errors import InvalidBatch, LeaseLimit, Quarantined, Reason, Refused
 from echo2.control.integrity import RETURNED_UNPUSHED, Integrity
-from echo2.control.leases import Lease, Leases, Limits, lease_deadline, lease_groups
+from echo2.control.leases import Lease, Leases, Work, lease_deadline, lease_groups
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.shared import Shared
 from echo2.control.validate import Referee, printable, token_problem
-from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -40,38 +40,30 @@ class Intake:
         self,
         shared: Shared,
         registry: Registry,
+        section: CoordinatorConfig,
         *,
-        buffer: ReplayBuffer,
-        limits: Limits,
-        group_id_of: Callable[[int], str],
-        lease_timeout: float,
+        work: Work,
         ids: Callable[[], str],
         referee: Referee | None = None,
         journal: Journal | None = None,
-        max_leases_per_worker: int = 4,
-        max_groups_per_lease: int = 1024,
-        groups_per_step: int | None = None,
-        quarantine_after: int = 3,
     ) -> None:
         self.shared = shared
         self.registry = registry
-        self.buffer = buffer
-        self.ingestion = Leases(
-            buffer=buffer, limits=limits, group_id_of=group_id_of, lease_timeout=lease_timeout
-        )
+        self.buffer = work.buffer
+        self.ingestion = Leases(work, lease_timeout=section.lease_timeout)
         """Open leases, the prompt cursor, the reissue queue and the ingestion counters."""
-        self.integrity = Integrity(quarantine_after=quarantine_after)
+        self.integrity = Integrity(quarantine_after=section.quarantine_after)
         """Strikes, quarantine, and which worker made each group (control/integrity.py)."""
         self.ids = ids
         """Makes lease ids."""
         self.referee = referee
         """Checks each record against the task (the leased prompt, the reward); None: no check."""
         self.journal = journal
-        self.max_leases_per_worker = max_leases_per_worker
-        self.max_groups_per_lease = max_groups_per_lease
+        self.max_leases_per_worker = section.max_leases_per_worker
+        self.max_groups_per_lease = section.groups_per_lease or work.groups_per_step
         """Cap on a lease's groups (`coordinator.groups_per_lease`, default a step's batch); below
         it each lease is sized from its worker's throughput (leases.py: `lease_groups`)."""
-        self.groups_per_step = groups_per_step or max_groups_per_lease
+        self.groups_per_step = work.groups_per_step
         """A step's batch in groups, split across the active workers by their throughput."""
         self.pool_throughput = 0.0
         """Trajectories/s of the active workers (not in standby), as of the last expiry round."""

@@ -155,18 +155,24 @@ class Limits:
     """The task's declared rewards (validate.reward_range); others are refused at the door."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Work:
+    """What the coordinator hands out and takes back, as the run's task and learner define it: the
+    buffer records go to, the door's limits, the group id of each prompt index, a step's batch."""
+
+    buffer: ReplayBuffer
+    limits: Limits
+    group_id_of: Callable[[int], str]
+    groups_per_step: int = 1024
+    """A step's batch in groups (`rollout.prompts_per_step`), split across the active workers by
+    their throughput (`lease_groups`)."""
+
+
 class Leases:
-    def __init__(
-        self,
-        *,
-        buffer: ReplayBuffer,
-        limits: Limits,
-        group_id_of: Callable[[int], str],
-        lease_timeout: float,
-    ) -> None:
-        self.buffer = buffer
-        self.limits = limits
-        self.group_id_of = group_id_of
+    def __init__(self, work: Work, *, lease_timeout: float) -> None:
+        self.buffer = work.buffer
+        self.limits = work.limits
+        self.group_id_of = work.group_id_of
         self.lease_timeout = lease_timeout
         self.leases: dict[str, Lease] = {}
         self.next_index = 0

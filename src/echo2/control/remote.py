@@ -30,7 +30,7 @@ from typing import Any
 from echo2.broadcast.chunks import load_or_create_key
 from echo2.config import Config, ConfigError
 from echo2.control import assembly, capacity, identity, journal
-from echo2.control.state import WorkerStatus
+from echo2.control.registry import WorkerStatus
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.base import Task
 from echo2.preflight import bind_message

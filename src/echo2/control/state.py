@@ -24,23 +24,23 @@ from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.config import CoordinatorConfig
 from echo2.control import identity
 from echo2.control.broadcast import BroadcastPolicy
 from echo2.control.errors import Quarantined, Unauthorized, UnknownWorker
 from echo2.control.fleet import Call, Fleet, Slots
 from echo2.control.intake import Intake, Journal
-from echo2.control.leases import Lease, Limits
+from echo2.control.leases import Work
 from echo2.control.provider import Provider
 from echo2.control.publisher import Publisher
 from echo2.control.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.control.scheduler import Action, Scheduler
 from echo2.control.shared import Shared
 from echo2.control.validate import Referee
-from echo2.data.buffer import ReplayBuffer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CoordinatorState", "Lease", "Limits", "WorkerInfo", "WorkerStatus", "new_id"]
+__all__ = ["CoordinatorState", "new_id"]
 
 
 def new_id() -> str:
@@ -51,12 +51,9 @@ def new_id() -> str:
 class CoordinatorState:
     def __init__(
         self,
+        section: CoordinatorConfig,
         *,
-        buffer: ReplayBuffer,
-        limits: Limits,
-        group_id_of: Callable[[int], str],
-        lease_timeout: float,
-        heartbeat_timeout: float,
+        work: Work,
         clock: Callable[[], float] = time.monotonic,
         scheduler: Scheduler | None = None,
         target: Callable[[], float | None] = lambda: None,
@@ -66,31 +63,17 @@ class CoordinatorState:
         signing_key: Ed25519PrivateKey | None = None,
         ids: Callable[[], str] = new_id,
         referee: Referee | None = None,
-        max_leases_per_worker: int = 4,
-        max_groups_per_lease: int = 1024,
-        groups_per_step: int | None = None,
-        quarantine_after: int = 3,
-        purge_after: float = 600.0,
         journal: Journal | None = None,
         publisher: type[Publisher] = Publisher,
     ) -> None:
+        """`section` is `[coordinator]` (timeouts, lease and quarantine limits); `work` what is handed
+        out (leases.py); `scheduler`, `target` and `window_s` the fleet's (`[scheduler]`);
+        `broadcast` and `signing_key` the publisher's; `referee` and `journal` the intake's."""
         self.shared = Shared(clock)
         """The lock, the clock, the published version and the end of the run, for every part."""
-        self.registry = Registry(heartbeat_timeout=heartbeat_timeout, window_s=window_s)
+        self.registry = Registry(heartbeat_timeout=section.heartbeat_timeout, window_s=window_s)
         self.intake = Intake(
-            self.shared,
-            self.registry,
-            buffer=buffer,
-            limits=limits,
-            group_id_of=group_id_of,
-            lease_timeout=lease_timeout,
-            ids=ids,
-            referee=referee,
-            journal=journal,
-            max_leases_per_worker=max_leases_per_worker,
-            max_groups_per_lease=max_groups_per_lease,
-            groups_per_step=groups_per_step,
-            quarantine_after=quarantine_after,
+            self.shared, self.registry, section, work=work, ids=ids, referee=referee, journal=journal
         )
         self.publisher = publisher(self.shared, self.registry, policy=broadcast, signing_key=signing_key)
         """Its class is the caller's (the broadcast benchmark's records the receivers' calls)."""
@@ -98,7 +81,7 @@ class CoordinatorState:
         self.provider = provider
         self.ids = ids
         """Makes worker ids."""
-        self.purge_after = purge_after
+        self.purge_after = section.purge_after
         """Seconds after which a lost worker's registration is forgotten."""
         self._round = threading.Lock()
         """One expiry round at a time (it releases the lock around provider calls)."""
