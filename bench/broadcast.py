@@ -46,6 +46,12 @@ slow mid-broadcast: its child should report it `slow` and the coordinator demote
 `--slow-relay-fraction 0` it does not). The learner then publishes one more version, whose T_bcast
 shows the next plan (docs/benchmarks.md, "A relay throttled to a tenth mid-broadcast").
 
+With `--changed-fraction F` (or `--delta-ratio R`, which picks F so that the codec's delta is R
+times the full snapshot) the warm-up is an M-byte base of bf16 tensors and the measured version its
+successor, F of the elements moved by one ulp (delta_pair.py), published with `broadcast.delta` on
+(the workers, holding the base, receive the delta) or, with `--full`, off. broadcast_delta.py
+alternates the two forms on the same pair.
+
 This file starts, watches and stops the processes, and is the entry point (`main`, which also
 makes the shaped network's teardown run at exit and on SIGTERM/SIGHUP). The arithmetic and the
 report (`BenchSpec`, `check`, `expected`, `summarize`, `render`) are broadcast_report.py's, the
@@ -59,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import secrets
 import subprocess
 import sys
@@ -70,43 +75,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from broadcast_drive import BenchError, drive, worker_args
 from broadcast_report import BenchSpec, broadcast_timeout, check, render, summarize, warmup_bytes
 
 from echo2.config import SLOW_RELAY_FRACTION
 
 LEARNER_SCRIPT = Path(__file__).resolve().with_name("broadcast_learner.py")
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run or did not finish (the message says where it stopped)."""
-
-
-class _Lines:
-    """Lines of a child's stdout, read by a thread (so waiting for one has a deadline)."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.q: queue.Queue[str | None] = queue.Queue()
-
-        def pump() -> None:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                self.q.put(line)
-            self.q.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-
-    def get(self, deadline: float) -> str | None:
-        """The next line; None at end of output; TimeoutError past the deadline."""
-        try:
-            return self.q.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise TimeoutError from None
-
-
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:].strip()
-    except OSError:
-        return ""
 
 
 def run_bench(
@@ -151,6 +125,12 @@ def run_bench(
         f"--register-timeout={register_timeout}",
         f"--slow-relay-fraction={spec.slow_relay_fraction}",
         *(["--throttle"] if spec.throttle else []),
+        *(
+            [f"--changed-fraction={spec.changed_fraction}", f"--seed={spec.seed}"]
+            if spec.changed_fraction is not None
+            else []
+        ),
+        *(["--delta"] if spec.delta else []),
     ]
     env = {"ECHO2_TOKEN": token}
     t_start = time.monotonic()
@@ -190,7 +170,7 @@ def run_bench(
                     h = net.host(i)
                     with (logs / f"w{i}.log").open("w") as err:
                         return h.popen(
-                            h.python(*_worker_args(url, i, "0.0.0.0"), *extra_w),
+                            h.python(*worker_args(url, i, "0.0.0.0"), *extra_w),
                             env=env,
                             stdout=subprocess.DEVNULL,
                             stderr=err,
@@ -212,7 +192,7 @@ def run_bench(
                     throttled.update(worker=name, chain=chain.split(","), up_mbps=up)
                     threading.Timer(spec.throttle_after_s, apply).start()
 
-                measured = _drive(
+                measured = drive(
                     spec,
                     start_learner,
                     start_worker,
@@ -247,7 +227,7 @@ def run_bench(
                 caps = [f"--upload-mbps={spec.worker_mbps}", f"--download-mbps={spec.worker_mbps}"]
                 with (logs / f"w{i}.log").open("w") as err:
                     p = subprocess.Popen(
-                        [sys.executable, *_worker_args(url, i, "127.0.0.1"), *caps],
+                        [sys.executable, *worker_args(url, i, "127.0.0.1"), *caps],
                         env=child_env(env),
                         stdout=subprocess.DEVNULL,
                         stderr=err,
@@ -256,7 +236,7 @@ def run_bench(
                 procs.append(p)
                 return p
 
-            measured = _drive(
+            measured = drive(
                 spec,
                 start_learner,
                 start_worker,
@@ -268,67 +248,6 @@ def run_bench(
     measured["setup_s"] = setup_s
     measured["total_s"] = time.monotonic() - t_start
     return summarize(spec, measured, backend=backend, reason="" if ok else why)
-
-
-def _worker_args(url: str, i: int, relay_host: str) -> list[str]:
-    return [
-        "-m",
-        "echo2.rollout.broadcast_peer",
-        f"--coordinator={url}",
-        f"--name=w{i:02d}",
-        "--inbound",
-        f"--relay-host={relay_host}",
-        "-q",
-    ]  # the token comes from ECHO2_TOKEN
-
-
-def _drive(
-    spec: BenchSpec,
-    start_learner: Callable[[], subprocess.Popen],
-    start_worker: Callable[[int, str], subprocess.Popen],
-    budget: float,
-    logs: Path,
-    stop: Callable[[], None] | None,
-    on_line: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Start the learner, then the workers once it listens; return the learner's JSON, which it
-    must print within `budget` seconds (plus a margin). A `THROTTLE ...` line before it goes to
-    `on_line`. `stop` ends the processes (None: the shaped network's teardown does)."""
-    try:
-        learner = start_learner()
-        lines = _Lines(learner)
-        start_deadline = time.monotonic() + 60.0
-        try:
-            first = lines.get(start_deadline)
-        except TimeoutError:
-            raise BenchError(f"the learner did not start in 60 s: {_tail(logs / 'learner.log')}") from None
-        if not first or not first.startswith("READY "):
-            raise BenchError(f"the learner did not start: {first!r} {_tail(logs / 'learner.log')}")
-        url = first.split()[1]
-        workers = [start_worker(i, url) for i in range(spec.workers)]
-        # registration + warm-up + measured broadcast, each bounded inside the learner too
-        deadline = time.monotonic() + budget + 30.0
-        try:
-            line = lines.get(deadline)
-            while line and line.startswith("THROTTLE ") and on_line is not None:
-                on_line(line)
-                line = lines.get(deadline)
-        except TimeoutError:
-            raise BenchError("the learner did not report in time") from None
-        dead = [
-            f"w{i:02d} (exit {w.returncode}): {_tail(logs / f'w{i}.log', 400)}"
-            for i, w in enumerate(workers)
-            if w.poll() is not None
-        ]
-        if not line:
-            raise BenchError(f"the learner exited without a result: {_tail(logs / 'learner.log')}")
-        result = json.loads(line)
-        if "error" in result:
-            raise BenchError(f"{result['error']}" + (f"; workers that exited: {dead}" if dead else ""))
-        return result
-    finally:
-        if stop is not None:
-            stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -397,8 +316,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="X",
         help="the learner's broadcast.slow_relay_fraction (default 0.75; 0: slow relays are not demoted)",
     )
+    successor = p.add_mutually_exclusive_group()
+    successor.add_argument(
+        "--changed-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="publish an M-byte bf16 base as the warm-up and measure its successor, F of the "
+        "elements changed by one ulp (bench/delta_pair.py), with broadcast.delta on (see --full)",
+    )
+    successor.add_argument(
+        "--delta-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="as --changed-fraction, with F chosen so the codec's delta is R x the full snapshot "
+        "(0.0066: bf16, lr 1e-6, kappa 1, docs/benchmarks.md)",
+    )
+    p.add_argument(
+        "--full", action="store_true", help="with a successor: broadcast.delta off (the full snapshot)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the base/successor pair's seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    fraction = args.changed_fraction
+    if args.delta_ratio is not None:
+        from delta_pair import calibrate
+
+        try:
+            fraction, got = calibrate(int(round(args.snapshot_mb * 1e6)), args.delta_ratio, args.seed)
+        except ValueError as e:
+            p.error(f"--delta-ratio: {e}")
+        print(
+            f"--delta-ratio {args.delta_ratio:g}: {100 * fraction:.4f}% of the elements changed gives "
+            f"{100 * got['ratio']:.3f}% ({got['delta_bytes']} of {got['full_bytes']} bytes)",
+            file=sys.stderr,
+        )
+    if args.full and fraction is None:
+        p.error("--full: needs --changed-fraction or --delta-ratio")
     spec = BenchSpec(
         workers=args.workers,
         snapshot_mb=args.snapshot_mb,
@@ -410,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         throttle=args.throttle,
         throttle_after_s=args.throttle_after,
         slow_relay_fraction=args.slow_relay_fraction,
+        changed_fraction=fraction,
+        delta=fraction is not None and not args.full,
+        seed=args.seed,
     )
     try:
         check(spec)

@@ -8,15 +8,23 @@ first asked for its parent, how long its chunk streams took and when it reported
 changes no decision the state makes. With `--throttle` it names the forwarder the driver is to
 throttle (`THROTTLE <name> <chain>` on stdout) and publishes one more version after the measured
 one, whose T_bcast shows the next plan.
+
+With `--changed-fraction F` the two publications are a base and its successor (delta_pair.py:
+bf16 safetensors of the same tensors, F of the elements moved by one ulp) instead of random bytes:
+the warm-up publishes the M-byte base, every worker installs it, then the successor is measured.
+With `--delta` the coordinator publishes the delta beside it (`broadcast.delta`), and the workers,
+holding the base, receive the delta; the codec's delta / full ratio is measured before publishing.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +80,7 @@ def bench_state(
     worker_bps: float,
     timeout: float,
     slow_relay_fraction: float = SLOW_RELAY_FRACTION,
+    delta: bool = False,
 ) -> CoordinatorState:
     """The learner's state, with a `BenchPublisher`: no model (a dummy replay buffer and limits),
     broadcasts planned from the configured budgets, and workers kept while a broadcast of `timeout`
@@ -92,6 +101,7 @@ def bench_state(
             uplink_budget_bps=uplink_budget_bps,
             worker_bps=worker_bps,
             slow_relay_fraction=slow_relay_fraction,
+            delta=delta,
         ),
     )
 
@@ -119,6 +129,15 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
         help="after the measured publication print `THROTTLE <name> <chain>` (the forwarder of the "
         "first chain with a child, for the driver to throttle), and publish one more version after it",
     )
+    p.add_argument(
+        "--changed-fraction",
+        type=float,
+        default=None,
+        help="publish a base and its successor with this fraction of the bf16 elements changed "
+        "(delta_pair.py) instead of random bytes",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the base/successor pair's seed")
+    p.add_argument("--delta", action="store_true", help="broadcast.delta: publish deltas")
     p.add_argument("--register-timeout", type=float, default=120.0)
     p.add_argument("--timeout", type=float, required=True, help="seconds allowed for each broadcast")
     args = p.parse_args(argv)
@@ -139,6 +158,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
         worker_bps=args.worker_bps,
         timeout=args.timeout,
         slow_relay_fraction=args.slow_relay_fraction,
+        delta=args.delta,
     )
     run_info = {
         "broadcast": {
@@ -171,8 +191,12 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                 return _emit(result, 1)
             time.sleep(0.05)
 
+        snapshots: dict[int, bytes] = {}
+        if args.changed_fraction is not None:  # the warm-up is the base, the measured its successor
+            snapshots = successor_pair(args.snapshot_bytes, args.changed_fraction, args.seed, result)
+
         def broadcast(version: int, nbytes: int, announce: bool = False) -> dict[str, Any]:
-            data = os.urandom(nbytes)
+            data = snapshots.get(version) or os.urandom(nbytes)
             with state.shared.lock:
                 sent0 = state.publisher.bcast.bytes_served
             cpu0, ours0, t0 = cpu_times(), procs_cpu(url), time.monotonic()
@@ -193,12 +217,12 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             with state.shared.lock:
                 bc = state.publisher.bcast
                 names = {w.worker_id: w.name for w in state.registry.workers.values()}
-                t0_pub = bc.published_at.get(version)
+                t0_pub = bc.installs.published_at.get(version)
                 got = bc.installs.installed_at.get(version, {})
                 plan = bc.plans.get(version)
                 return {
-                    "t_bcast_q90_s": bc.t_bcast[0.9].get(version),
-                    "t_bcast_q100_s": bc.t_bcast[1.0].get(version),
+                    "t_bcast_q90_s": bc.installs.t_bcast[0.9].get(version),
+                    "t_bcast_q100_s": bc.installs.t_bcast[1.0].get(version),
                     "installed": len(got),
                     "install_delays_s": sorted(round(at - t0_pub, 4) for at in got.values()),
                     "install_by_worker_s": {names.get(w, w): round(at - t0_pub, 4) for w, at in got.items()},
@@ -230,6 +254,10 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     "cpu_busy": busy(cpu0, cpu1),
                     "bench_cpu_cores": (ours1 - ours0) / (t1 - t0),
                     "wall_s": t1 - t0,
+                    "publish_s": t0_mono - t0,
+                    "snapshot_bytes": len(data),
+                    "forms": dict(Counter(state.publisher.forms.get(version, {}).values())),
+                    "delta_stats": dict(state.publisher.delta_stats),
                 }
 
         warm = broadcast(0, args.warmup_bytes)
@@ -270,6 +298,31 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     finally:
         state.close()
         server.stop()
+
+
+def successor_pair(nbytes: int, fraction: float, seed: int, result: dict[str, Any]) -> dict[int, bytes]:
+    """{0: the base, 1: its successor} (delta_pair.py); what the codec makes of them, measured
+    before publishing, goes to stderr and into `result["delta_check"]`."""
+    from delta_pair import Pair, delta_ratio
+
+    pair = Pair(nbytes, seed)
+    base, new = pair.base, pair.successor(fraction)
+    check = delta_ratio(base, new)
+    check.update(
+        changed_fraction=fraction,
+        seed=seed,
+        tensors=len(pair.shapes),
+        base_sha256=hashlib.sha256(base).hexdigest(),
+        sha256=hashlib.sha256(new).hexdigest(),
+    )
+    result["delta_check"] = check
+    print(
+        f"successor: {100 * fraction:.3f}% of the elements changed; delta {check['delta_bytes']} B / "
+        f"full {check['full_bytes']} B = {100 * check['ratio']:.3f}%",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {0: base, 1: new}
 
 
 def _emit(result: dict[str, Any], code: int) -> int:

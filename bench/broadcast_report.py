@@ -58,6 +58,13 @@ class BenchSpec:
     throttle_after_s: float = 2.0
     slow_relay_fraction: float = SLOW_RELAY_FRACTION
     """broadcast.slow_relay_fraction of the learner (0: no demotion of slow relays)."""
+    changed_fraction: float | None = None
+    """The warm-up is an M-byte bf16 base and the measured version its successor with this fraction
+    of the elements changed by one ulp (delta_pair.py); None: random bytes (an eighth of M, then M)."""
+    delta: bool = False
+    """broadcast.delta of the learner (needs `changed_fraction`): the workers receive the delta."""
+    seed: int = 0
+    """The base/successor pair's seed."""
 
     @property
     def snapshot_bytes(self) -> int:
@@ -111,6 +118,12 @@ def check(spec: BenchSpec) -> None:
         raise ValueError("--throttle: needs --mode chain (a star has no forwarder)")
     if not (math.isfinite(spec.throttle_after_s) and spec.throttle_after_s >= 0):
         raise ValueError(f"--throttle-after: must be >= 0 (got {spec.throttle_after_s})")
+    if spec.changed_fraction is not None and not 0 <= spec.changed_fraction <= 1:
+        raise ValueError(f"--changed-fraction: must be in [0, 1] (got {spec.changed_fraction})")
+    if spec.changed_fraction is not None and spec.throttle is not None:
+        raise ValueError("--throttle: not with a base and successor (--changed-fraction, --delta-ratio)")
+    if spec.delta and spec.changed_fraction is None:
+        raise ValueError("delta: needs a base and successor (--changed-fraction or --delta-ratio)")
     if not 0 <= spec.slow_relay_fraction < 1:
         raise ValueError(f"--slow-relay-fraction: must be in [0, 1) (got {spec.slow_relay_fraction})")
 
@@ -211,6 +224,14 @@ def render(s: dict[str, Any]) -> str:
             f"  CPU during the broadcast: {100 * s['cpu_busy']:.0f}% busy of {os.cpu_count()} cores; "
             f"the benchmark's processes used {s.get('bench_cpu_cores', 0):.2f} cores"
         )
+    if s.get("changed_fraction") is not None:
+        dc = s.get("delta_check") or {}
+        lines.append(
+            f"  successor of the installed base, {100 * s['changed_fraction']:.3f}% of the elements "
+            f"changed: codec delta {dc.get('delta_bytes', '?')} B = {100 * dc.get('ratio', 0):.3f}% of the "
+            f"full; broadcast.delta {'on' if s['delta'] else 'off'}, forms received {s.get('forms')}, "
+            f"learner sent {s.get('learner_mb_sent', 0):.3f} MB"
+        )
     if s.get("throttle") is not None:
         th, nxt = s.get("throttled") or {}, s.get("next") or {}
         lines.append(
@@ -227,7 +248,9 @@ def render(s: dict[str, Any]) -> str:
 
 
 def warmup_bytes(spec: BenchSpec) -> int:
-    """The warm-up version: an eighth of M, at least one chunk, at most M."""
+    """The warm-up version: an eighth of M, at least one chunk, at most M (the base: M)."""
+    if spec.changed_fraction is not None:
+        return spec.snapshot_bytes
     return min(spec.snapshot_bytes, max(spec.chunk_bytes, spec.snapshot_bytes // 8))
 
 

@@ -129,9 +129,9 @@ def test_bench_state_records_route_and_install_and_keeps_the_decisions():
         w = state.register(name="w0", hardware="cpu", price_per_hour=0.0, inbound=False)
         data = os.urandom(4096)
         state.publisher.publish(0, data, keep=2)
-        assert state.publisher.route(w.worker_id, 0) == (None, None), "the only worker receives from the learner"
+        assert state.publisher.route(w.worker_id, 0) == (None, None, "full"), "the only worker: the learner"
         assert set(state.publisher.routed) == {(w.worker_id, 0)}
-        assert state.publisher.report_failure(w.worker_id, 0, None, "stalled", "x") == (None, None)
+        assert state.publisher.report_failure(w.worker_id, 0, None, "stalled", "x") == (None, None, "full")
         assert state.publisher.reported[-1][:5] == (w.worker_id, 0, None, "stalled", "x")
         sha = hashlib.sha256(data).hexdigest()
         state.publisher.report_installed(w.worker_id, 0, sha, [(None, 4096, 0.25), (None, 0, 0.5)])
