@@ -39,6 +39,7 @@ def start_coordinator(
     state = make_state(
         **extra,
         heartbeat_timeout=heartbeat_timeout,
+        heartbeat_interval=0.2,  # the Coordinator's below
         broadcast=BroadcastPolicy(
             mode=mode, chunk_size=CHUNK, uplink_budget_bps=chains * WORKER_BPS, worker_bps=WORKER_BPS
         ),
