@@ -32,3 +32,7 @@ sim sens-table4-storage sens-table4-storage
 sim sens-table4-offset sens-table4-offset
 sim sec52 sec52-cost
 sim sens-sec52-mu sens-sec52-mu
+# Delta snapshots (issue 24): a PREDICTION from the delta ratio measured on a 135M model
+# (docs/bench/snapshot_delta.json), not something the paper measured; docs/reproduction.md, last section.
+sim delta delta-snapshots
+sim delta-fig3c fig3c-bubble --broadcast.delta=true

@@ -84,6 +84,20 @@ def _parser() -> argparse.ArgumentParser:
         "during a broadcast; 'paper' for the paper's cycle model, in which they stop",
     )
     pl.add_argument(
+        "--wire",
+        choices=("bf16", "fp32"),
+        default="bf16",
+        help="dtype of the published snapshot (learner.dtype), for the delta prediction (default bf16)",
+    )
+    pl.add_argument(
+        "--delta-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="delta bytes / full snapshot bytes for the delta prediction (default: the measured "
+        "median for --wire and kappa, docs/bench/snapshot_delta.json)",
+    )
+    pl.add_argument(
         "--learner-price",
         type=float,
         default=0.0,
@@ -161,6 +175,8 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
             gamma=args.gamma,
             learner_price=args.learner_price,
             model=args.model,
+            wire=args.wire,
+            delta_ratio=args.delta_ratio,
         )
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None

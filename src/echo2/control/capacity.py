@@ -147,3 +147,63 @@ def bubble_ratio_continuous(
     if bound > staleness:
         return bubble_ratio(kappa=kappa, t_train=t_train, t_bcast=t_bcast, batch=batch, mu_pool=mu_pool)
     return max(0.0, 1.0 - mu_pool * t_train / batch)
+
+
+# ---------------------------------------------------------------------------- delta snapshots
+MEASURED_DELTA_RATIO: dict[tuple[str, int], float] = {
+    ("bf16", 1): 0.00659,
+    ("bf16", 4): 0.0137,
+    ("fp32", 1): 0.310,
+    ("fp32", 4): 0.372,
+}
+"""Bytes of a publication's delta over the full snapshot's, by wire dtype (`learner.dtype`) and the
+learner steps the delta spans (kappa): the median over 8 (kappa 1) and 5 (kappa 4) publications of
+the quickstart GRPO run (SmolLM2-135M, lr 1e-6, Adam), docs/bench/snapshot_delta.json (summary keys
+"lr1e-06_WIRE_kKAPPA"), measured by `OMP_NUM_THREADS=1 python bench/snapshot_delta.py --lr 1e-6
+1e-5 --steps 8 --json docs/bench/snapshot_delta.json`. At lr 1e-5 they were about twice as large
+(bf16: 0.0150 and 0.0336). A 135M model's ratio applied to other models is an extrapolation."""
+
+MEASURED_DELTA_KAPPAS = (1, 4)
+
+DELTA_MAX_BEHIND = 1
+"""A publication's delta is from the previous published version (control/publisher.py): a worker
+more publications behind, or a new one, receives the full snapshot."""
+
+
+def delta_ratio(kappa: int, wire: str = "bf16") -> float:
+    """The measured ratio for a delta spanning kappa steps: kappa 1 as measured; 2-4 the kappa-4
+    measurement (an upper bound: every delta over fewer steps measured smaller); beyond 4 the kappa-4
+    ratio times kappa / 4 (an extrapolation, at most 1; from 1 to 4 steps it grew only 2.1x)."""
+    if kappa <= 1:
+        return MEASURED_DELTA_RATIO[(wire, 1)]
+    top = MEASURED_DELTA_KAPPAS[-1]
+    ratio = MEASURED_DELTA_RATIO[(wire, top)]
+    return ratio if kappa <= top else min(1.0, ratio * kappa / top)
+
+
+def publication_bytes(
+    full_bytes: float,
+    *,
+    behind: int | None,
+    delta: bool = True,
+    ratio: float,
+    max_behind: int = DELTA_MAX_BEHIND,
+) -> float:
+    """Bytes one worker receives for a publication of a `full_bytes` snapshot. `behind`: how many
+    publications its installed version is behind the new one (1: it holds the previous published
+    version, the delta's base; 0: it holds this one; None: a new worker, nothing installed). With
+    deltas on, a worker 1..max_behind behind receives ratio x full_bytes (a delta is only sent when
+    smaller, so at most full_bytes); a new or further-behind worker, or any with deltas off, the full
+    snapshot. `echo2 plan`, the simulator's broadcasts and its scheduler's T_bcast estimate all ask this."""
+    if behind == 0:
+        return 0.0
+    if delta and behind is not None and 1 <= behind <= max_behind:
+        return full_bytes * min(1.0, ratio)
+    return full_bytes
+
+
+def delta_t_bcast(t_bcast: float, *, ratio: float) -> float:
+    """T_bcast of a steady-state publication (every worker holds the previous one) with deltas, from
+    the full snapshot's T_bcast, in the fluid model (a transfer's time proportional to its bytes;
+    the chunk pipeline's fill and hop delays are not scaled: the simulator models them)."""
+    return t_bcast * publication_bytes(1.0, behind=1, ratio=ratio)

@@ -7,7 +7,7 @@ and both selection policies (selection.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -61,6 +61,11 @@ class PlanInput(_Strict):
     model: cap.CapacityModel = "continuous"
     """"continuous": echo2's workers, which keep generating during a broadcast (default);
     "paper": the paper's cycle model, in which they stop (to reproduce the paper)."""
+    wire: Literal["bf16", "fp32"] = "bf16"
+    """Dtype of the published snapshot (`learner.dtype`): picks the measured delta ratio."""
+    delta_ratio: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    """Delta bytes / full snapshot bytes for the delta prediction; None: the measured median for
+    `wire` and kappa (`capacity.delta_ratio`)."""
 
     @model_validator(mode="after")
     def _kappa_bound(self) -> PlanInput:
@@ -70,6 +75,12 @@ class PlanInput(_Strict):
     @property
     def resolved_kappa(self) -> int:
         return publish_every(self.kappa, self.staleness)
+
+    @property
+    def resolved_delta_ratio(self) -> float:
+        if self.delta_ratio is not None:
+            return self.delta_ratio
+        return cap.delta_ratio(self.resolved_kappa, self.wire)
 
 
 STUDIED_STALENESS = 8
@@ -90,12 +101,10 @@ def staleness_note(staleness: int) -> str:
     )
 
 
-def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
+def _sized(inp: PlanInput, types: list[WorkerOffer], t_bcast: float) -> dict[str, Any]:
+    """The target, the cheapest pool for it and what it gives, at this T_bcast."""
     kappa = inp.resolved_kappa
-    types = [
-        WorkerOffer(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
-    ]
-    timing = {"kappa": kappa, "t_train": inp.t_train, "t_bcast": inp.t_bcast, "batch": inp.batch}
+    timing = {"kappa": kappa, "t_train": inp.t_train, "t_bcast": t_bcast, "batch": inp.batch}
     mu_min = cap.required_throughput(inp.model, staleness=inp.staleness, **timing)
     pool_mu = sum(t.throughput * t.count for t in types)
     if mu_min is None:  # no throughput can hide the broadcast at this kappa
@@ -108,7 +117,7 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
     if inp.model == "paper":
         overlap = cap.overlap_holds(**timing, mu_pool=mu_pool)
         bound = (
-            cap.staleness_bound_overlap(kappa=kappa, t_train=inp.t_train, t_bcast=inp.t_bcast)
+            cap.staleness_bound_overlap(kappa=kappa, t_train=inp.t_train, t_bcast=t_bcast)
             if overlap
             else cap.staleness_bound(**timing, mu_pool=mu_pool)
         )
@@ -118,13 +127,11 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
     cost_per_hour = inp.learner_price + chosen.cost_per_hour
     step_seconds = inp.t_train / (1 - bubble) if bubble < 1 else float("inf")
     return {
-        "model": inp.model,
+        "t_bcast": t_bcast,
         "mu_min": mu_min,
         "mu_target": target,
         "feasible": mu_min is not None and chosen.feasible,
-        "smallest_feasible_kappa": cap.smallest_feasible_kappa(t_train=inp.t_train, t_bcast=inp.t_bcast),
-        "kappa": kappa,
-        "staleness": inp.staleness,
+        "smallest_feasible_kappa": cap.smallest_feasible_kappa(t_train=inp.t_train, t_bcast=t_bcast),
         "staleness_bound": bound,
         "staleness_bound_within_s": bound is not None and bound <= inp.staleness,
         "active": chosen.active,
@@ -135,8 +142,70 @@ def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
         "greedy_cost_per_hour": inp.learner_price + heuristic.cost_per_hour,
         "bubble_ratio": bubble,
         "step_seconds": step_seconds,
-        "staleness_studied": inp.staleness <= STUDIED_STALENESS,
     }
+
+
+def make_plan(inp: PlanInput, pool: Pool) -> dict[str, Any]:
+    """The plan at the given T_bcast (the full snapshot's, as measured or assumed), and under
+    "delta" the same plan at the T_bcast deltas are predicted to give (`capacity.delta_t_bcast`
+    with the measured ratio): a prediction, not a measurement."""
+    types = [
+        WorkerOffer(name=w.name, count=w.count, throughput=w.throughput, price=w.price) for w in pool.workers
+    ]
+    plan = _sized(inp, types, inp.t_bcast)
+    ratio = inp.resolved_delta_ratio
+    delta = _sized(inp, types, cap.delta_t_bcast(inp.t_bcast, ratio=ratio))
+    delta.pop("greedy_active")
+    return {
+        "model": inp.model,
+        **plan,
+        "kappa": inp.resolved_kappa,
+        "staleness": inp.staleness,
+        "staleness_studied": inp.staleness <= STUDIED_STALENESS,
+        "delta": {
+            "prediction": True,
+            "ratio": ratio,
+            "ratio_source": "given" if inp.delta_ratio is not None else "measured",
+            "wire": inp.wire,
+            **delta,
+        },
+    }
+
+
+def _count(active: dict[str, int]) -> int:
+    return sum(active.values())
+
+
+def delta_line(plan: dict[str, Any]) -> str:
+    """What deltas are predicted to change (printed by `echo2 plan`)."""
+    d = plan["delta"]
+    source = "given"
+    if d["ratio_source"] == "measured":
+        k, top = plan["kappa"], cap.MEASURED_DELTA_KAPPAS[-1]
+        at = "kappa 1" if k <= 1 else f"kappa {top}"
+        if 1 < k < top:
+            at += f", an upper bound for kappa {k}"
+        elif k > top:
+            at += f", extrapolated to kappa {k}"
+        source = f"measured median, {d['wire']}, lr 1e-6, {at}, SmolLM2-135M; docs/bench/snapshot_delta.json"
+    mu = (
+        "infeasible -> infeasible"
+        if plan["mu_min"] is None and d["mu_min"] is None
+        else f"{_fmt(plan['mu_min'])} -> {_fmt(d['mu_min'])}/s"
+    )
+    return (
+        f"delta snapshots (PREDICTION)   T_bcast {plan['t_bcast']:.4g} s full -> {d['t_bcast']:.4g} s delta "
+        f"(ratio {d['ratio']:.2%}, {source}; bytes scaled, fluid model)\n"
+        f"  with deltas                  target {'reachable' if d['feasible'] else 'NOT reachable'}, "
+        f"mu_min {mu}, workers {_count(plan['active'])} -> "
+        f"{_count(d['active'])}, ${plan['cost_per_step']:.3f} -> ${d['cost_per_step']:.3f} per step, "
+        f"staleness bound {plan['staleness_bound'] or 'none'} -> {d['staleness_bound'] or 'none'}, "
+        f"smallest feasible kappa {plan['smallest_feasible_kappa']} -> {d['smallest_feasible_kappa']}"
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "infeasible" if x is None else f"{x:.4g}"
 
 
 def render(plan: dict[str, Any]) -> str:
@@ -166,5 +235,6 @@ def render(plan: dict[str, Any]) -> str:
         f"kappa / staleness bound        {plan['kappa']} / {plan['staleness_bound'] or 'none'} "
         f"({'within' if plan['staleness_bound_within_s'] else 'EXCEEDS'} S = {plan['staleness']})",
         f"staleness study                {staleness_note(plan['staleness'])}",
+        delta_line(plan),
     ]
     return "\n".join(lines)

@@ -10,7 +10,10 @@ peers' measured relay rate, `broadcast.plan.relay_floor`) is reported slow by it
 child's sliding window of `broadcast.progress_timeout_s` averages below the floor, as the runtime
 client judges it: the relay leaves the plan, its tail moves behind another chain's free tail
 (`ChainPlan.demote`), and it is only a tail in the next plan, as the coordinator does
-(control/broadcast.py).
+(control/broadcast.py). With `broadcast.delta` the chains carry each publication's delta
+(`control.capacity.publication_bytes`) to workers holding the previous published version; a worker
+further behind downloads the full snapshot directly, at its storage or download rate (the learner's
+uplink share is not modelled for it), and is not a receiver of that publication's T_bcast.
 
 Owns the publications (what was published when, every broadcast with its plan and install times),
 the transfer in flight and T_bcast as measured. Knows nothing of the learner's loop (it is told
@@ -62,6 +65,8 @@ class Dissemination:
         """(receiver, relay) links of the broadcast in flight checked against the relay floor."""
         self._slow_reported: set[str] = set()
         """Receivers that reported a relay slow in the broadcast in flight (one each)."""
+        self._size = world.snapshot_bytes
+        """Bytes each receiver of the broadcast in flight gets (the snapshot, or its delta)."""
 
     # ------------------------------------------------------------------ planning
     def estimate(self, n: int) -> float:
@@ -73,7 +78,7 @@ class Dissemination:
         return broadcast_time(
             n,
             mode=self.mode,
-            size_bytes=self.world.snapshot_bytes,
+            size_bytes=self.world.publication_bytes(1),  # steady state: all hold the previous one
             chunk_bytes=b.chunk_bytes,
             uplink_bps=self.world.uplink_bps,
             worker_bps=statistics.median(w.spec.down_bps for w in workers.values()),
@@ -113,6 +118,12 @@ class Dissemination:
             assert self._transfer is not None
             return self._transfer.plan
         return self.plan([w.id for w in self.world.workers.values() if w.active and w.alive])
+
+    def behind(self, w: SimWorker, version: int) -> int | None:
+        """Publications between `w`'s installed version and `version` (None: nothing installed)."""
+        if w.installed < 0:
+            return None
+        return sum(1 for v, _ in self.published_at if w.installed < v <= version)
 
     def measured_t_bcast(self, q: float = TARGET_QUANTILE) -> float | None:
         alive = {w.id for w in self.world.workers.values() if w.alive}
@@ -155,6 +166,18 @@ class Dissemination:
             for w in workers.values()
             if w.known_active and 0 <= w.installed < version and w.fetch is None
         ]
+        self._size = self.world.snapshot_bytes
+        delta = self.world.publication_bytes(1)
+        if delta < self._size:  # the chains carry the delta; a worker too far behind for it (or
+            # new) downloads the full snapshot directly, out of the chains, as the runtime's does
+            full = [
+                wid
+                for wid in receivers
+                if self.world.publication_bytes(self.behind(workers[wid], version)) > delta
+            ]
+            for wid in full:
+                self.fetch(workers[wid], boot=False)
+            receivers, self._size = [wid for wid in receivers if wid not in full], delta
         if not receivers:
             self._transfer = None
             return
@@ -174,7 +197,7 @@ class Dissemination:
         b = self.world.sc.broadcast
         self._transfer = Transfer(
             plan=plan,
-            size_bytes=self.world.snapshot_bytes,
+            size_bytes=self._size,
             chunk_bytes=b.chunk_bytes,
             hop_delay_s=b.hop_delay_s,
             uplink_bps=self.world.uplink_bps,
@@ -271,28 +294,30 @@ class Dissemination:
         sender = tr.links[w.id].sender
         if sender is not None:  # as the coordinator does: a transfer scores the peer that served it
             seconds = env.now - tr.first_byte(w.id)
-            self.world.workers[sender].stats.record_transfer(int(self.world.snapshot_bytes), seconds, env.now)
+            self.world.workers[sender].stats.record_transfer(int(self._size), seconds, env.now)
             if seconds > 0:
-                self.relay_rates.append(self.world.snapshot_bytes / seconds)
+                self.relay_rates.append(self._size / seconds)
         self.publications[-1].installs[w.id] = env.now
         self._on_install()
         self.rollout.install(w, version)
         if not self.broadcasting():
             self._after_change()
 
-    def fetch(self, w: SimWorker) -> None:
-        """An activated worker boots and fetches the current snapshot from storage (once at a time)."""
+    def fetch(self, w: SimWorker, *, boot: bool = True) -> None:
+        """An activated worker boots and fetches the current snapshot from storage (once at a time);
+        with deltas, a receiver too far behind for the delta fetches it so too (`boot=False`)."""
         if w.fetch is None:
-            w.fetch = self.world.env.process(self._fetch(w))
+            w.fetch = self.world.env.process(self._fetch(w, boot))
 
-    def _fetch(self, w: SimWorker):
+    def _fetch(self, w: SimWorker, boot: bool):
         env, sc = self.world.env, self.world.sc
-        yield env.timeout(sc.scheduler.startup_s)
+        if boot:
+            yield env.timeout(sc.scheduler.startup_s)
         while w.alive and w.active and w.installed < self.published:
             version = self.published
             storage = sc.broadcast.storage_mbps
             rate = storage * 1e6 / 8 if storage is not None else w.spec.down_bps
-            yield env.timeout(self.world.snapshot_bytes / rate)
+            yield env.timeout(self.world.publication_bytes(self.behind(w, version)) / rate)
             if w.alive and w.active:
                 self.rollout.install(w, version)
         w.fetch = None

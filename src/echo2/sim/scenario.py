@@ -27,6 +27,7 @@ from echo2.config import (
     set_dotted,
     validation_message,
 )
+from echo2.control import capacity
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
@@ -96,6 +97,14 @@ class BroadcastSpec(_Section):
     progress_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     """The receiver's measurement window (broadcast.progress_timeout_s): a slow relay is reported
     once its child's last window of reading averaged below the floor."""
+    delta: bool = False
+    """As the runtime's broadcast.delta (off here, so the paper scenarios send full snapshots): a
+    worker holding the previous published version receives delta_ratio x the snapshot down the
+    chains; a new or further-behind one downloads the full snapshot directly, as an activated worker
+    does (`control.capacity.publication_bytes`)."""
+    delta_ratio: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    """Delta bytes / full snapshot bytes; default the measured bf16 median for kappa
+    (`control.capacity.delta_ratio`: a 135M model's, extrapolated)."""
 
     @property
     def chunk_bytes(self) -> float:
@@ -276,6 +285,17 @@ class Scenario(_Section):
         if self.scheduler.model is not None:
             return self.scheduler.model
         return "continuous" if self.rollout.keep_generating else "paper"
+
+    def publication_bytes(self, behind: int | None) -> float:
+        """Bytes a worker `behind` publications behind receives (None: nothing installed), with
+        broadcast.delta and its ratio (`control.capacity.publication_bytes`)."""
+        b = self.broadcast
+        ratio = (
+            b.delta_ratio if b.delta_ratio is not None else capacity.delta_ratio(self.learner.publish_every)
+        )
+        return capacity.publication_bytes(
+            self.learner.snapshot_bytes, behind=behind, delta=b.delta, ratio=ratio
+        )
 
     def worker_ids(self) -> list[str]:
         return [f"{w.name}-{i}" for w in self.workers for i in range(w.count)]

@@ -90,6 +90,11 @@ class World:
     def snapshot_bytes(self) -> float:
         return self.sc.learner.snapshot_bytes
 
+    def publication_bytes(self, behind: int | None) -> float:
+        """Bytes a worker `behind` publications behind receives (None: nothing installed), with
+        broadcast.delta and its ratio (`control.capacity.publication_bytes`)."""
+        return self.sc.publication_bytes(behind)
+
     @property
     def uplink_bps(self) -> float:
         """The learner's uplink B0 in bytes/s (inf: unlimited)."""

@@ -63,7 +63,7 @@ def run_sweep(points: list[tuple[str, float | None, Scenario]], sweep: SweepSpec
         if sweep.plan_threshold:
             row["plan_feasible"] = plan_feasible(sc, m)
         if sc.workers:
-            row["lower_bound"] = lower_bound(sc.learner.snapshot_bytes, min(w.down_bps for w in sc.workers))
+            row["lower_bound"] = lower_bound(sc.publication_bytes(1), min(w.down_bps for w in sc.workers))
         rows.append(row)
     out: dict[str, Any] = {"x": sweep.x, "metrics": sweep.metrics, "rows": rows}
     if sweep.plan_threshold:
