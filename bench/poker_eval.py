@@ -1,0 +1,504 @@
+"""Poker, honestly measured (issue 23): policies played on the same held-out deals against fixed
+opponents, paired against fixed baselines, with the malformed share apart from the chip result.
+
+    python bench/poker_eval.py play --policies fold_check check_call random hand_strength \\
+        --opponents call_station rule_based random --hands 1000
+    taskset -c 0 env OMP_NUM_THREADS=1 python bench/poker_eval.py play --model configs/poker.toml \\
+        --opponents call_station rule_based --hands 1000
+    python bench/poker_eval.py play --run-dir runs/poker-callstation-seed0 --opponents call_station rule_based
+    python bench/poker_eval.py summarize            # docs/bench/poker/summary.json (+ summary.md)
+
+The deals are the learner's held-out ones: deal i is the initial state of seed
+`int(stable_id("env-eval", i), 16)` (`EnvTask.eval_prompts`, the seeds `run.eval_size` takes, so the
+learner's 100 held-out deals are the first 100 here), a seed space apart from the training seeds
+`stable_id("env-train", run seed, index)`; `play` checks that none of them is a training seed of run
+seeds 0-9 for the first 100,000 training indices. The opponent is a query option of the env (the same
+seed gives the same cards and seat whatever the opponent).
+
+Every policy plays as the learner's evaluation does: at most `task.max_turns` decisions per hand
+(configs/poker.toml: 2), then the env's default actions (check if possible, else fold) finish the
+hand. The model plays through `echo2.rollout.episodes.play` (greedy, batches of `run.eval_batch_size`,
+the engine the learner evaluates with), so its numbers are the learner's `eval/*` on these deals. The
+fixed baselines answer with a well-formed `<answer>...</answer>` through the same env parser:
+- `fold_check`: check when free, else fold (the env's rule for a malformed reply);
+- `check_call`: always check or call;
+- `random`: a uniform legal action kind (fold only facing a bet), a raise to a uniform legal size,
+  seeded per deal;
+- `hand_strength`: preflop raises with a pair or two cards ten or higher (to 3 BB, or three times
+  the bet it faces), else checks or folds; postflop bets half the pot with a pair or better (calls a
+  bet with it), else checks or folds.
+
+Per hand (docs/bench/poker/hands/POLICY__OPPONENT.jsonl.gz): deal index and seed, seat, chip result
+in BB (without penalties), return (with them), whether a reply was malformed, the policy's decisions
+(category: fold / check / call / raise / malformed, and what the env applied) and the default actions
+that finished the hand. `summarize` reads them all: per policy x opponent the mean chip result with
+its 95% t-interval, the malformed shares, the decision histogram, and per opponent the paired
+difference (same deals) of each model policy against each baseline (bench/stats.py's `paired_ci`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "bench" / "poker"
+BASELINES = ("fold_check", "check_call", "random", "hand_strength")
+CATEGORIES = ("fold", "check", "call", "raise", "malformed")
+RANKS = "23456789TJQKA"
+TRAIN_CHECK_SEEDS, TRAIN_CHECK_INDICES = 10, 100_000
+
+
+# ---------------------------------------------------------------------------- pure parts
+def made_hand(hole: list[str], board: list[str]) -> bool:
+    """A pair or better from hole + board ("Ah", "Td", ...): a repeated rank, a flush or a straight.
+    (A pair on the board alone counts, as pokerkit's hand label counts it.)"""
+    cards = hole + board
+    ranks = [RANKS.index(c[0]) for c in cards]
+    if max(Counter(ranks).values()) >= 2 or max(Counter(c[1] for c in cards).values()) >= 5:
+        return True
+    present = set(ranks) | ({-1} if 12 in ranks else set())  # the ace plays low too
+    return any(all(r + k in present for k in range(5)) for r in range(-1, 9))
+
+
+def hand_strength_action(
+    hole: list[str],
+    board: list[str],
+    *,
+    to_call: float,
+    pot: float,
+    max_bet: float,
+    can_raise: bool,
+) -> str:
+    """The hand-strength rule's reply (amounts in BB; `max_bet` is the largest bet this street, the
+    raise is clamped into the legal range by the env's parser)."""
+    if not board:
+        ranks = sorted((RANKS.index(c[0]) for c in hole), reverse=True)
+        if (ranks[0] == ranks[1] or ranks[1] >= RANKS.index("T")) and can_raise:
+            return f"raise {max(3.0, 3 * max_bet):g}"
+        if ranks[0] == ranks[1] or ranks[1] >= RANKS.index("T"):
+            return "call" if to_call else "check"
+        return "fold" if to_call else "check"
+    if made_hand(hole, board):
+        if to_call:
+            return "call"
+        return f"raise {max(1.0, pot / 2):g}" if can_raise else "check"
+    return "fold" if to_call else "check"
+
+
+def category(applied: str, malformed: bool) -> str:
+    """A decision's histogram bin from the env's log entry ("you raise to 3" -> "raise")."""
+    if malformed:
+        return "malformed"
+    word = applied.removeprefix("you ").split()[0]
+    if word not in CATEGORIES:
+        raise ValueError(f"unknown action {applied!r}")
+    return word
+
+
+def histogram(hands: list[dict]) -> dict[str, int]:
+    """Decisions per category over hands (each hand's `decisions`: [{"cat": ...}, ...])."""
+    counts = Counter(d["cat"] for h in hands for d in h["decisions"])
+    unknown = set(counts) - set(CATEGORIES)
+    if unknown:
+        raise ValueError(f"unknown categories {sorted(unknown)}")
+    return {c: counts.get(c, 0) for c in CATEGORIES}
+
+
+def paired(a: list[dict], b: list[dict], key: str = "chips"):
+    """`stats.paired_ci` of a - b over the deals both played (matched by deal seed, not position).
+    ValueError when a deal seat differs between the two (then they are not the same deal)."""
+    from stats import paired_ci
+
+    bs = {h["seed"]: h for h in b}
+    both = [h for h in a if h["seed"] in bs]
+    for h in both:
+        if h["seat"] != bs[h["seed"]]["seat"]:
+            raise ValueError(f"deal {h['seed']}: seat {h['seat']} vs {bs[h['seed']]['seat']}")
+    return paired_ci([h[key] for h in both], [bs[h["seed"]][key] for h in both])
+
+
+# ---------------------------------------------------------------------------- deals and envs
+def deal_seeds(count: int) -> list[int]:
+    """The learner's held-out deal seeds (`EnvTask.eval_prompts`), first `count`."""
+    from echo2.data.tasks.base import stable_id
+
+    return [int(stable_id("env-eval", i), 16) for i in range(count)]
+
+
+def check_held_out(seeds: list[int]) -> int:
+    """Raises if a deal seed is a training seed of run seeds 0-9 (first 100,000 indices each);
+    returns how many training seeds were checked."""
+    from echo2.data.tasks.base import stable_id
+
+    held = set(seeds)
+    for run_seed in range(TRAIN_CHECK_SEEDS):
+        for index in range(TRAIN_CHECK_INDICES):
+            if int(stable_id("env-train", run_seed, index), 16) in held:
+                raise AssertionError(f"held-out deal = training deal (run seed {run_seed}, index {index})")
+    return TRAIN_CHECK_SEEDS * TRAIN_CHECK_INDICES
+
+
+def env_spec(base: str, opponent: str) -> str:
+    """`base` ("poker:heads_up?opponent=call_station&stack_bb=20") with the opponent replaced."""
+    from urllib.parse import urlencode
+
+    from echo2.envs import parse_env_spec
+
+    name, variant, options = parse_env_spec(base)
+    options["opponent"] = opponent
+    text = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in options.items()}
+    return f"{name}:{variant}?{urlencode(text)}"
+
+
+class Recorded:
+    """An env that records the policy's decisions and the default actions that end the hand."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.decisions: list[dict] = []
+        self.auto: list[str] = []
+        self.replies: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def reset(self, seed: int) -> str:
+        self.decisions, self.auto, self.replies = [], [], []
+        return self.env.reset(seed)
+
+    def step(self, action_text: str):
+        result = self.env.step(action_text)
+        self.replies.append(action_text)
+        self.decisions.append({"cat": category(result.action, result.malformed), "applied": result.action})
+        return result
+
+    def finish(self) -> float:
+        start = len(self.env.log)
+        reward = self.env.finish()
+        self.auto.extend(a for a in self.env.log[start:] if a.startswith("you "))
+        return reward
+
+
+def hand_row(env: Recorded, *, index: int, seed: int, ret: float, truncated: bool, replies: bool) -> dict:
+    row = {
+        "i": index,
+        "seed": seed,
+        "seat": "sb" if env.agent == 1 else "bb",
+        "chips": env.result(),
+        "return": round(ret, 6),
+        "malformed": any(d["cat"] == "malformed" for d in env.decisions),
+        "decisions": env.decisions,
+        "auto": env.auto,
+        "truncated": truncated,
+    }
+    if replies:
+        row["replies"] = env.replies
+    return row
+
+
+# ---------------------------------------------------------------------------- the baselines
+def baseline_reply(policy: str, env, rng: random.Random) -> str:
+    from echo2.envs.poker import BB
+
+    s = env.state
+    to_call = (s.checking_or_calling_amount or 0) / BB
+    can_raise = s.can_complete_bet_or_raise_to()
+    if policy == "fold_check":
+        word = "fold" if to_call else "check"
+    elif policy == "check_call":
+        word = "call" if to_call else "check"
+    elif policy == "random":
+        options = (["fold", "call"] if to_call else ["check"]) + (["raise"] if can_raise else [])
+        word = rng.choice(options)
+        if word == "raise":
+            low = s.min_completion_betting_or_raising_to_amount
+            high = s.max_completion_betting_or_raising_to_amount
+            word = f"raise {rng.randint(low, high) / BB:g}"
+    elif policy == "hand_strength":
+        me = env.agent
+        word = hand_strength_action(
+            [f"{c.rank}{c.suit}" for c in s.hole_cards[me]],
+            [f"{c.rank}{c.suit}" for cards in s.board_cards for c in cards],
+            to_call=to_call,
+            pot=s.total_pot_amount / BB,
+            max_bet=max(s.bets) / BB,
+            can_raise=can_raise,
+        )
+    else:
+        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(BASELINES)})")
+    return f"<answer>{word}</answer>"
+
+
+def play_baseline(
+    policy: str, make_env, seeds: list[int], *, max_turns: int, rng_seed: int = 0
+) -> list[dict]:
+    rows = []
+    for i, seed in enumerate(seeds):
+        env = Recorded(make_env())
+        env.reset(seed)
+        rng = random.Random(f"{rng_seed}/{seed}")
+        rewards, done = [], False
+        for _ in range(max_turns):
+            result = env.step(baseline_reply(policy, env, rng))
+            rewards.append(result.reward)
+            if result.done:
+                done = True
+                break
+        if not done:
+            rewards.append(env.finish())
+        rows.append(hand_row(env, index=i, seed=seed, ret=sum(rewards), truncated=not done, replies=False))
+    return rows
+
+
+# ---------------------------------------------------------------------------- the model
+def load_model_engine(config_path: str | None, run_dir: str | None):
+    """(config, engine, label): the initial model of a config, or a run directory's checkpoint
+    (its config.toml, weights and version), on the CPU with the learner's evaluation engine."""
+    import torch
+
+    from echo2.config import load_config
+    from echo2.learning import build
+    from echo2.learning.device import resolved
+    from echo2.rollout.engines import learner_engine
+
+    if run_dir is not None:
+        config = resolved(load_config(Path(run_dir) / "config.toml"))
+        learner = build.load(config, resume_from=Path(run_dir))
+        label = f"model_{Path(run_dir).name}_v{learner.state.version}"
+    else:
+        config = resolved(load_config(config_path))
+        learner = build.load(config)
+        label = f"model_{Path(config_path).stem}_initial"
+    torch.set_num_threads(config.run.threads or 1)
+    engine = learner_engine(
+        config,
+        model=learner.model,
+        tokenizer=learner.tokenizer,
+        version=learner.state.version,
+        device=torch.device("cpu"),
+    )
+    return config, engine, label
+
+
+def play_model(config, engine, opponent: str, seeds: list[int], *, log=print) -> list[dict]:
+    from echo2.data.tasks import make_task
+    from echo2.rollout.episodes import play
+
+    task_cfg = config.task.model_copy(update={"env": env_spec(config.task.env, opponent)})
+    task = make_task(task_cfg, seed=config.run.seed)
+    make_env = task.make_env
+    task.make_env = lambda: Recorded(make_env())
+    prompts = task.eval_prompts(len(seeds))
+    assert [p.metadata["env_seed"] for p in prompts] == seeds
+    rows, batch = [], config.run.eval_batch_size
+    t0 = time.perf_counter()
+    for start in range(0, len(prompts), batch):
+        groups = play(
+            engine,
+            task,
+            prompts[start : start + batch],
+            n=1,
+            greedy=True,
+            max_new_tokens=config.rollout.max_new_tokens,
+            max_prompt_tokens=config.rollout.max_prompt_tokens,
+        )
+        for k, (e,) in enumerate(groups):
+            rows.append(
+                hand_row(
+                    e.env,
+                    index=start + k,
+                    seed=seeds[start + k],
+                    ret=e.ret,
+                    truncated=e.truncated,
+                    replies=True,
+                )
+            )
+        log(f"  {opponent}: {len(rows)}/{len(seeds)} hands, {time.perf_counter() - t0:.0f} s")
+    return rows
+
+
+# ---------------------------------------------------------------------------- files
+def write_hands(path: Path, rows: list[dict]) -> None:
+    """Gzipped JSONL, byte-identical for the same rows (no timestamp in the gzip header)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as f:
+        f.write(text)
+    path.write_bytes(buf.getvalue())
+
+
+def read_hands(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize(out: Path) -> dict:
+    """summary.json's content from out/hands/*.jsonl.gz and out/runs.json."""
+    from stats import mean_ci
+
+    meta = json.loads((out / "runs.json").read_text()) if (out / "runs.json").exists() else {}
+    cells: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted((out / "hands").glob("*.jsonl.gz")):
+        policy, opponent = path.name.removesuffix(".jsonl.gz").split("__")
+        cells.setdefault(opponent, {})[policy] = read_hands(path)
+    table = []
+    for opponent, by_policy in cells.items():
+        for policy, hands in by_policy.items():
+            iv = mean_ci([h["chips"] for h in hands])
+            decisions = sum(len(h["decisions"]) for h in hands)
+            hist = histogram(hands)
+            row = {
+                "policy": policy,
+                "opponent": opponent,
+                "hands": len(hands),
+                "chips_mean": iv.estimate,
+                "chips_ci95": [iv.low, iv.high],
+                "return_mean": sum(h["return"] for h in hands) / len(hands),
+                "malformed_hand_share": sum(h["malformed"] for h in hands) / len(hands),
+                "malformed_decision_share": hist["malformed"] / max(1, decisions),
+                "decisions_per_hand": decisions / len(hands),
+                "histogram": hist,
+                "histogram_share": {k: v / max(1, decisions) for k, v in hist.items()},
+                "auto_actions": dict(Counter(a.split()[1] for h in hands for a in h["auto"])),
+                "truncated_share": sum(h["truncated"] for h in hands) / len(hands),
+                **meta.get(f"{policy}__{opponent}", {}),
+            }
+            table.append(row)
+    comparisons = []
+    for opponent, by_policy in cells.items():
+        for policy, hands in by_policy.items():
+            if policy.startswith("model"):  # against every baseline and every other model
+                bases = [*BASELINES, *sorted(p for p in by_policy if p.startswith("model") and p != policy)]
+            else:  # a baseline against always check/call: the bar that format alone reaches
+                bases = [] if policy == "check_call" else ["check_call"]
+            for base in bases:
+                if base not in by_policy:
+                    continue
+                iv = paired(hands, by_policy[base])
+                same = {h["seed"]: h["chips"] for h in by_policy[base]}
+                comparisons.append(
+                    {
+                        "opponent": opponent,
+                        "policy": policy,
+                        "baseline": base,
+                        "hands": iv.n,
+                        "diff_mean": iv.estimate,
+                        "diff_ci95": [iv.low, iv.high],
+                        "method": iv.method,
+                        "identical_hands": sum(
+                            h["chips"] == same[h["seed"]] for h in hands if h["seed"] in same
+                        ),
+                    }
+                )
+    return {"table": table, "paired": comparisons}
+
+
+def markdown(summary: dict) -> str:
+    def iv(lo_hi, est) -> str:
+        return f"{est:+.3f} [{lo_hi[0]:+.3f}, {lo_hi[1]:+.3f}]"
+
+    lines = [
+        "| opponent | policy | hands | chips/hand (BB), mean [95% CI] | malformed (hands / decisions) | "
+        "decisions: fold / check / call / raise / malformed |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(summary["table"], key=lambda r: (r["opponent"], r["policy"])):
+        h = r["histogram"]
+        lines.append(
+            f"| {r['opponent']} | {r['policy']} | {r['hands']} | {iv(r['chips_ci95'], r['chips_mean'])} | "
+            f"{r['malformed_hand_share']:.3f} / {r['malformed_decision_share']:.3f} | "
+            + " / ".join(str(h[c]) for c in CATEGORIES)
+            + " |"
+        )
+    lines += [
+        "",
+        "| opponent | policy | minus | hands | paired difference (BB/hand), mean [95% CI] | identical hands |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in summary["paired"]:
+        lines.append(
+            f"| {c['opponent']} | {c['policy']} | {c['baseline']} | {c['hands']} | "
+            f"{iv(c['diff_ci95'], c['diff_mean'])} | {c['identical_hands']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/stats.py
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("play", help="play policies on the held-out deals; write OUT/hands/*.jsonl.gz")
+    pl.add_argument("--policies", nargs="*", default=[], choices=BASELINES)
+    pl.add_argument("--model", help="a config: its initial model plays (greedy, as the learner evaluates)")
+    pl.add_argument("--run-dir", help="a run directory: its checkpoint plays")
+    pl.add_argument("--config", default=str(ROOT / "configs" / "poker.toml"),
+                    help="the task settings for the baselines (env spec, max_turns)")  # fmt: skip
+    pl.add_argument("--opponents", nargs="+", default=["call_station", "rule_based"])
+    pl.add_argument("--hands", type=int, default=1000)
+    pl.add_argument("--out", type=Path, default=OUT)
+    sm = sub.add_parser("summarize", help="OUT/summary.json and OUT/summary.md from OUT/hands")
+    sm.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+
+    if args.command == "summarize":
+        summary = summarize(args.out)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (args.out / "summary.md").write_text(markdown(summary))
+        print(markdown(summary))
+        return 0
+
+    from echo2.config import load_config
+    from echo2.data.tasks import make_task
+
+    seeds = deal_seeds(args.hands)
+    checked = check_held_out(seeds)
+    print(f"{len(seeds)} held-out deals; none among {checked} training seeds (run seeds 0-9)")
+    runs_path = args.out / "runs.json"
+    runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
+    base_cfg = load_config(args.config)
+    for opponent in args.opponents:
+        cfg = base_cfg.task.model_copy(update={"env": env_spec(base_cfg.task.env, opponent)})
+        task = make_task(cfg, seed=0)
+        for policy in args.policies:
+            t0 = time.perf_counter()
+            rows = play_baseline(policy, task.make_env, seeds, max_turns=cfg.max_turns)
+            write_hands(args.out / "hands" / f"{policy}__{opponent}.jsonl.gz", rows)
+            runs[f"{policy}__{opponent}"] = {
+                "env": cfg.env, "max_turns": cfg.max_turns, "seconds": round(time.perf_counter() - t0, 1),
+                "command": "python bench/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            }  # fmt: skip
+            print(f"{policy} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand")
+    if args.model or args.run_dir:
+        config, engine, label = load_model_engine(args.model, args.run_dir)
+        for opponent in args.opponents:
+            t0 = time.perf_counter()
+            rows = play_model(config, engine, opponent, seeds)
+            seconds = time.perf_counter() - t0
+            write_hands(args.out / "hands" / f"{label}__{opponent}.jsonl.gz", rows)
+            runs[f"{label}__{opponent}"] = {
+                "env": env_spec(config.task.env, opponent), "max_turns": config.task.max_turns,
+                "seconds": round(seconds, 1), "threads": config.run.threads,
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                "command": "python bench/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            }  # fmt: skip
+            print(
+                f"{label} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand, {seconds:.0f} s"
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs_path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
