@@ -13,7 +13,7 @@ this module checks what only the learner's side can.
   learner's own recomputation, beyond what its staleness explains, in the mean over its tokens or
   in any one token, is left out of the step and reported; a step whose loss or gradient is not
   finite is not applied. With a `SamplingCheck` (rollout.sampling = "gumbel"), a record any of
-  whose tokens is not the arg-max of the keyed Gumbel scores (rollout/sampling.py) within
+  whose sampled tokens (an episode's: its loss-mask tokens) is not the arg-max of the keyed Gumbel scores (rollout/sampling.py) within
   `sampling.TOLERANCE`, or whose keys are missing or repeated, is left out and reported too.
 
 Knows tasks, tokenizers and tensors; no network, no coordinator state (it returns problems and
@@ -105,14 +105,19 @@ class SamplingCheck:
     A record's seed is the one the coordinator attached when it accepted it (`sampling.SEED_KEY`,
     from the lease); its record key is its group id and its index in the group
     (`sampling.SAMPLE_KEY`), which must be an int in [0, group_size) and unique in its group, so a
-    worker gets exactly group_size noise draws per leased prompt. Environment episodes (several
-    generate calls per record, env tokens between them) are not checked."""
+    worker gets exactly group_size noise draws per leased prompt. An environment episode
+    (`episodes`: several generate calls per record, env tokens between them) is checked on its
+    loss-mask tokens only, each at its position in the whole response (rollout/episodes.py keys the
+    replies so); its env tokens are the replay's to check (rollout/replay.py)."""
 
     temperature: float
     top_p: float
     group_size: int
     max_new_tokens: int
     eos_id: int | None
+    episodes: bool = False
+    """Records are environment episodes: only loss-mask (sampled) tokens are checked, and each
+    reply (a run of them) must end as a generate call ends one."""
     tolerance: float = sampling.TOLERANCE
     refused: list[Trajectory] = field(default_factory=list)
     """Records left out of the step: not sampled with their noise, or their keys are bad."""
@@ -130,18 +135,20 @@ class SamplingCheck:
             seen: dict[int, int] = {}
             for r in group:
                 seed, j = r.metadata.get(sampling.SEED_KEY), r.metadata.get(sampling.SAMPLE_KEY)
-                resp = r.response_ids
-                ends = len(resp) == self.max_new_tokens or (
-                    self.eos_id is not None and resp[-1:] == (self.eos_id,)
-                )
-                if self.eos_id is not None and self.eos_id in resp[:-1]:
-                    ends = False
+                replies = _replies(r) if self.episodes else [r.response_ids]
+                ends = bool(replies) and all(self._ends(resp) for resp in replies)
                 if not ends or not _int_in(seed, 0, 2**63) or not _int_in(j, 0, self.group_size):
                     bad.add(r.record_id)
                 else:
                     seen[j] = seen.get(j, 0) + 1
             bad.update(r.record_id for r in group if seen.get(r.metadata.get(sampling.SAMPLE_KEY), 0) > 1)
         return bad
+
+    def _ends(self, resp: tuple[int, ...]) -> bool:
+        """Does `resp` end as a generate call ends one: at its only EOS, or at max_new_tokens?"""
+        if self.eos_id is not None and self.eos_id in resp[:-1]:
+            return False
+        return len(resp) == self.max_new_tokens or (self.eos_id is not None and resp[-1:] == (self.eos_id,))
 
     def unsampled(
         self, logits: torch.Tensor, targets: torch.Tensor, records: list[Trajectory], bad_keys: set[str]
@@ -153,13 +160,19 @@ class SamplingCheck:
         bad = torch.tensor([r.record_id in bad_keys for r in records])
         starts = torch.tensor([num_pos - len(r.response_ids) for r in records])
         mask = torch.arange(num_pos)[None, :] >= starts[:, None]
+        if self.episodes:  # the sampled tokens only: env tokens were never drawn from the noise
+            for i, r in enumerate(records):
+                mask[i, num_pos - len(r.loss_mask) :] &= torch.tensor(r.loss_mask) != 0
         mask &= ~bad[:, None]
         verdict = sampling.check(
             logits.detach(),
             targets,
             mask,
             starts=starts,
-            seed=[int(r.metadata[sampling.SEED_KEY]) if not b else 0 for r, b in zip(records, bad.tolist(), strict=True)],
+            seed=[
+                int(r.metadata[sampling.SEED_KEY]) if not b else 0
+                for r, b in zip(records, bad.tolist(), strict=True)
+            ],
             records=torch.tensor(
                 [
                     sampling.record_key(r.group_id, int(r.metadata[sampling.SAMPLE_KEY])) if not b else 0
@@ -179,8 +192,8 @@ class SamplingCheck:
 
 def sampling_check(rollout, *, is_env: bool, eos_id: int | None) -> SamplingCheck | None:
     """The learner's check of `rollout.sampling = "gumbel"` (a `RolloutConfig`), or None: sampled
-    otherwise, or an environment task (its records are episodes of several generate calls)."""
-    if rollout.sampling != "gumbel" or is_env:
+    otherwise. `is_env`: the records are episodes (several generate calls each)."""
+    if rollout.sampling != "gumbel":
         return None
     return SamplingCheck(
         temperature=rollout.temperature,
@@ -188,7 +201,20 @@ def sampling_check(rollout, *, is_env: bool, eos_id: int | None) -> SamplingChec
         group_size=rollout.group_size,
         max_new_tokens=rollout.max_new_tokens,
         eos_id=eos_id,
+        episodes=is_env,
     )
+
+
+def _replies(record: Trajectory) -> list[tuple[int, ...]]:
+    """The runs of loss-mask tokens of an episode record: its replies, one per generate call."""
+    runs, start = [], None
+    for k, m in enumerate((*record.loss_mask, 0)):
+        if m and start is None:
+            start = k
+        elif not m and start is not None:
+            runs.append(record.response_ids[start:k])
+            start = None
+    return runs
 
 
 def _int_in(value, low: int, high: int) -> bool:

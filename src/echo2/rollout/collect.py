@@ -24,21 +24,22 @@ def collect(
     """One group of n scored records per prompt, tagged with the engine's installed version. An
     environment task plays n whole episodes per prompt instead (rollout/episodes.py).
     `sampling_seed`: the lease's, keying the noise under rollout.sampling = "gumbel" (None: one
-    from torch's generator). Each record carries its index in its group (`SAMPLE_KEY`), which with
+    from torch's generator; an episode's replies are keyed by their positions in its record,
+    rollout/episodes.py). Each record carries its index in its group (`SAMPLE_KEY`), which with
     its group id keys its noise, and the seed (`SEED_KEY`; the coordinator replaces it with its
     lease's, rollout/sampling.py)."""
-    if getattr(task, "is_env", False):
-        from echo2.rollout.episodes import collect_episodes
-
-        return collect_episodes(engine, task, prompts, n=n, config=engine.config)
-    version = engine.version
-    groups = []
     if (
         sampling_seed is None
         and getattr(engine, "config", None) is not None
         and engine.config.sampling == "gumbel"
     ):
         sampling_seed = default_keys([]).seed  # no lease (the in-process loop): torch's generator
+    if getattr(task, "is_env", False):
+        from echo2.rollout.episodes import collect_episodes
+
+        return collect_episodes(engine, task, prompts, n=n, config=engine.config, sampling_seed=sampling_seed)
+    version = engine.version
+    groups = []
     if sampling_seed is None:
         generated = engine.generate(prompts, n=n)
     else:

@@ -71,11 +71,13 @@ class GumbelProcessor:
     """A transformers logits processor, for `generate(do_sample=False)`: it returns the float64
     `sampling.scores` of each row (truncated logits / T + keyed noise), whose arg-max generate's
     greedy step takes. Rows are the engines' (context i's n samples together); a row's position is
-    its number of generated tokens (every row shares the left-padded prompt `width`)."""
+    its number of generated tokens (every row shares the left-padded prompt `width`) plus its
+    context's offset in the record's response (`keys.offsets`: an episode's later replies)."""
 
     def __init__(self, keys: SamplingKeys, *, n: int, width: int, temperature: float, top_p: float) -> None:
         self.seed = keys.seed
         self.records = keys.records(n)
+        self.starts = keys.starts(n)
         self.width = width
         self.temperature = temperature
         self.top_p = top_p
@@ -85,7 +87,7 @@ class GumbelProcessor:
             scores,
             seed=self.seed,
             records=self.records.to(scores.device),
-            positions=input_ids.shape[1] - self.width,
+            positions=self.starts.to(scores.device) + (input_ids.shape[1] - self.width),
             temperature=self.temperature,
             top_p=self.top_p,
         )

@@ -12,6 +12,9 @@ observations interleaved); `loss_mask` is 1 exactly on sampled tokens (turn-awar
 the learner's targets are the response tokens, so position t's logits are trained to predict a
 token only where the policy generated it); `behaviour_logprobs` are the sampled tokens' log-probs
 and 0 elsewhere; `reward` is the episode return (F.5.2); the metadata carries the grouping tags.
+Under rollout.sampling = "gumbel" every reply is sampled by keyed Gumbel-max (rollout/sampling.py)
+with the record's key (its group id and index in the group) and each token's position in the
+record's response (env tokens included), the positions the learner checks it at.
 Knows nothing of training or the network; the in-process source and the workers call it through
 `rollout.collect`.
 """
@@ -27,6 +30,7 @@ from echo2.envs.base import Environment, EnvTask, user_turn
 from echo2.models import chat_template_kwargs
 from echo2.records import Trajectory
 from echo2.rollout.engine import Engine, encode_prompts
+from echo2.rollout.sampling import SAMPLE_KEY, SEED_KEY, SamplingKeys
 
 _SENTINEL = "\u2063ECHO2\u2063"
 
@@ -96,6 +100,8 @@ class Episode:
     env: Environment
     tokens: list[int]
     num_prompt: int
+    sample: int = 0
+    """The episode's index in its group (with the group id, its record key)."""
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -126,8 +132,10 @@ def play(
     greedy: bool,
     max_new_tokens: int,
     max_prompt_tokens: int,
+    sampling_seed: int | None = None,
 ) -> list[list[Episode]]:
-    """n episodes from each prompt's initial state, all stepped together turn by turn."""
+    """n episodes from each prompt's initial state, all stepped together turn by turn.
+    `sampling_seed`: keys every reply's noise (rollout.sampling = "gumbel"; None: the engine's)."""
     cfg = task.config
     chat = ChatTokens(engine.tokenizer).for_env(task.make_env())
     eos = engine.tokenizer.eos_token_id
@@ -135,10 +143,10 @@ def play(
     for prompt in prompts:
         first = chat.first(prompt, max_tokens=max_prompt_tokens)
         group = []
-        for _ in range(n):
+        for j in range(n):
             env = task.make_env()
             env.reset(prompt.metadata["env_seed"])
-            e = Episode(prompt=prompt, env=env, tokens=list(first), num_prompt=len(first))
+            e = Episode(prompt=prompt, env=env, tokens=list(first), num_prompt=len(first), sample=j)
             e.pending = list(chat.prefix)
             group.append(e)
         groups.append(group)
@@ -157,7 +165,15 @@ def play(
             active.append(e)
         if not active:
             break
-        samples = engine.generate_ids([e.tokens for e in active], n=1, greedy=greedy)
+        keyed = {}
+        if sampling_seed is not None and not greedy:  # each reply at its positions in its record
+            keyed["keys"] = SamplingKeys(
+                seed=sampling_seed,
+                groups=tuple(e.prompt.group_id for e in active),
+                samples=tuple(e.sample for e in active),
+                offsets=tuple(len(e.tokens) - e.num_prompt for e in active),
+            )
+        samples = engine.generate_ids([e.tokens for e in active], n=1, greedy=greedy, **keyed)
         for e, (s,) in zip(active, samples, strict=True):
             e.add(s.response_ids, sampled=True, logprobs=s.logprobs)
             e.turns += 1
@@ -182,8 +198,9 @@ def _truncate(e: Episode) -> None:
     e.truncated, e.done, e.pending = True, True, []
 
 
-def to_record(e: Episode, *, version: int, grouping: str) -> Trajectory:
+def to_record(e: Episode, *, version: int, grouping: str, sampling_seed: int | None = None) -> Trajectory:
     chips = getattr(e.env, "result", None)
+    sampled = {} if sampling_seed is None else {SEED_KEY: sampling_seed}  # a coordinator overwrites it
     return Trajectory(
         group_id=e.prompt.group_id,
         prompt_ids=tuple(e.tokens[: e.num_prompt]),
@@ -202,14 +219,19 @@ def to_record(e: Episode, *, version: int, grouping: str) -> Trajectory:
             "truncated": e.truncated,
             "outcome": chips() if callable(chips) else e.ret,
             "correct": (chips() if callable(chips) else e.ret) > 0,
+            SAMPLE_KEY: e.sample,
+            **sampled,
         },
     )
 
 
 def collect_episodes(
-    engine: Engine, task: EnvTask, prompts: list[Prompt], *, n: int, config
+    engine: Engine, task: EnvTask, prompts: list[Prompt], *, n: int, config, sampling_seed: int | None = None
 ) -> list[list[Trajectory]]:
-    """One group of n episode records per prompt (initial state), tagged with the engine's version."""
+    """One group of n episode records per prompt (initial state), tagged with the engine's version.
+    `sampling_seed`: the lease's, keying the noise under rollout.sampling = "gumbel"."""
+    if getattr(config, "sampling", None) != "gumbel":
+        sampling_seed = None
     version = engine.version
     groups = play(
         engine,
@@ -219,8 +241,13 @@ def collect_episodes(
         greedy=False,
         max_new_tokens=config.max_new_tokens,
         max_prompt_tokens=config.max_prompt_tokens,
+        sampling_seed=sampling_seed,
     )
-    return [[to_record(e, version=version, grouping=task.config.grouping) for e in g] for g in groups]
+    grouping = task.config.grouping
+    return [
+        [to_record(e, version=version, grouping=grouping, sampling_seed=sampling_seed) for e in g]
+        for g in groups
+    ]
 
 
 def evaluate_episodes(

@@ -53,14 +53,35 @@ top_p + MASS_SLACK (the engine's and the learner's sets may disagree at the boun
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingKeys:
     """Where a generation call's noise comes from: the lease's seed and each context's group id
-    (sample j of context i is keyed by `record_key(groups[i], j)`)."""
+    (sample j of context i is keyed by `record_key(groups[i], j)`). A multi-turn episode's call
+    (rollout/episodes.py, n = 1) names each context's sample index in its group (`samples`) and
+    the response position its first generated token takes in the record (`offsets`: the replies
+    and env tokens before it), so a reply is keyed as the learner sees it in the whole record."""
 
     seed: int
     groups: tuple[str, ...]
+    samples: tuple[int, ...] = ()
+    """Each context's index in its group (empty: context i's n samples are 0 .. n-1)."""
+    offsets: tuple[int, ...] = ()
+    """Each context's first generated token's response position (empty: 0)."""
 
     def records(self, n: int) -> torch.Tensor:
         """Record keys [len(groups) * n], in the engines' row order (context i's n samples together)."""
+        if self.samples:
+            if n != 1 or len(self.samples) != len(self.groups):
+                raise ValueError("keys with sample indices key one sample per context")
+            return torch.tensor(
+                [record_key(g, j) for g, j in zip(self.groups, self.samples, strict=True)], dtype=torch.long
+            )
         return torch.tensor([record_key(g, j) for g in self.groups for j in range(n)], dtype=torch.long)
+
+    def starts(self, n: int) -> torch.Tensor:
+        """Response position [len(groups) * n] of each row's first generated token."""
+        if not self.offsets:
+            return torch.zeros(len(self.groups) * n, dtype=torch.long)
+        if len(self.offsets) != len(self.groups):
+            raise ValueError(f"{len(self.offsets)} offsets for {len(self.groups)} contexts")
+        return torch.tensor(self.offsets, dtype=torch.long).repeat_interleave(n)
 
 
 def record_key(group_id: str, sample: int) -> int:
