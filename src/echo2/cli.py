@@ -265,21 +265,19 @@ def _announce(source) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
+        if extra and args.command in ("export", "worker"):  # the others take config overrides
+            raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
         if args.command == "simulate":
             from echo2.sim.cli import run as simulate
 
             return simulate(args, extra)
         if args.command == "export":
-            if extra:
-                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
             from echo2.export import run as export
 
             return export(args)
         if args.command == "plan":
             return _plan(args, extra)
         if args.command == "worker":
-            if extra:
-                raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
             from echo2.rollout.worker_cli import run as worker
 
             return worker(args)
