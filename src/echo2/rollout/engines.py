@@ -168,7 +168,7 @@ def worker_settings(config: Config, *, engine: str | None, device: torch.device)
     out |= {"dtype": dtype, "model": str(source) if source else "(written at start: no local directory)"}
     if source is not None:
         kind = "cuda" if device.type == "cuda" else "cpu"
-        out["llm_kwargs"] = engine_args(rcfg, model_dir=source, dtype=dtype, device_kind=kind) | {
-            "logprobs_mode": vllm_args.logprobs_mode(rcfg)
-        }
+        out["llm_kwargs"] = engine_args(
+            rcfg, model_dir=source, dtype=dtype, device_kind=kind
+        ) | vllm_args.sampling_kwargs(rcfg)  # logprobs_mode; "gumbel": the logits processor
     return out

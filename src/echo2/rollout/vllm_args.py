@@ -140,6 +140,8 @@ def _check_fits(kv: int, length: int, per_token: int, *, why: str) -> None:
 def logprobs_mode(config: RolloutConfig) -> str:
     """The vLLM `logprobs_mode` whose sampled-token log-prob is the learner's recomputation,
     log_softmax(logits / T) with no top-p renormalisation (models.token_logprobs):
+    - sampling = "gumbel": "processed_logits", the row the echo2 logits processor leaves, which holds
+      that log-prob at the token it picks (rollout/vllm_sampling.py; any T and top_p);
     - top_p = 1: "processed_logprobs", taken after temperature (V1 sampler:
       vllm/v1/sample/ops/topk_topp_sampler.py `forward_native`/`forward_cpu`; V2 GPU sampler:
       vllm/v1/worker/gpu/sample/sampler.py `apply_sampling_params`); nothing is truncated;
@@ -147,25 +149,37 @@ def logprobs_mode(config: RolloutConfig) -> str:
       (vllm/v1/sample/sampler.py `Sampler.forward`; V2 `compute_topk_scores` on the raw logits);
       the processed ones would be renormalised over the nucleus.
     Other settings are refused by `check_sampling`."""
+    if config.sampling == "gumbel":
+        return "processed_logits"
     return "processed_logprobs" if config.top_p == 1 else "raw_logprobs"
 
 
-def check_sampling(config: RolloutConfig) -> None:
-    """ConfigError naming rollout.top_p for what vLLM cannot give the learner's log-probs for:
-    top_p < 1 with temperature != 1 (its processed log-probs are renormalised over the nucleus, its
-    raw ones lack the temperature); ConfigError naming rollout.sampling for "gumbel", which this
-    engine does not sample by yet (docs/security.md, verifiable sampling: what is left), so a
-    worker would have every record refused by the learner."""
+GUMBEL_PROCESSOR = "echo2.rollout.vllm_sampling:GumbelLogitsProcessor"
+"""The logits processor of rollout.sampling = "gumbel" (`LLM(logits_processors=[...])`)."""
+
+
+def sampling_kwargs(config: RolloutConfig) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments of the sampling settings: the log-prob mode and, for "gumbel",
+    the keyed Gumbel-max logits processor."""
+    out: dict[str, Any] = {"logprobs_mode": logprobs_mode(config)}
     if config.sampling == "gumbel":
-        raise ConfigError(
-            'rollout.sampling: "gumbel" (verifiable sampling) is implemented by the hf engine only; '
-            'use rollout.engine = "hf" (echo2 worker --engine hf) or rollout.sampling = "multinomial"'
-        )
+        out["logits_processors"] = [GUMBEL_PROCESSOR]
+    return out
+
+
+def check_sampling(config: RolloutConfig) -> None:
+    """ConfigError naming rollout.top_p for what vLLM's own sampler cannot give the learner's
+    log-probs for: top_p < 1 with temperature != 1 (its processed log-probs are renormalised over the
+    nucleus, its raw ones lack the temperature). Under sampling = "gumbel" the echo2 processor
+    truncates and reports the log-probs itself, so every T and top_p is accepted."""
+    if config.sampling == "gumbel":
+        return
     if config.top_p < 1 and config.temperature != 1:
         raise ConfigError(
             f"rollout.top_p: the vllm engine samples top_p = {config.top_p} < 1 only at "
-            f"rollout.temperature = 1.0 (got {config.temperature}): vLLM returns either raw log-probs "
-            "(no temperature) or ones renormalised over the nucleus, neither the learner's"
+            f"rollout.temperature = 1.0 (got {config.temperature}) with rollout.sampling = "
+            '"multinomial": vLLM returns either raw log-probs (no temperature) or ones renormalised '
+            'over the nucleus, neither the learner\'s (rollout.sampling = "gumbel" has no such limit)'
         )
 
 

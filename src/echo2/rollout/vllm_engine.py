@@ -16,6 +16,9 @@ Guarantees, matching `HFEngine`:
 - `torch.manual_seed` before `generate` fixes the samples, as with `HFEngine`: on the CPU vLLM's
   sampler draws from torch's global generator; on a GPU each prompt gets a seed drawn from it
   (`vllm_args.request_seeds`);
+- rollout.sampling = "gumbel": tokens are the keyed Gumbel-max arg-max the learner checks, picked
+  by echo2's logits processor (rollout/vllm_sampling.py) from the `SamplingKeys` `generate` takes,
+  one vLLM request per sample; log-probs as above, at any temperature and top_p;
 - after `install`, no KV cache computed under the previous weights survives.
 """
 
@@ -36,7 +39,8 @@ from echo2.data.tasks.base import Prompt
 from echo2.models import merge_adapter
 from echo2.records import Snapshot
 from echo2.rollout import vllm_args
-from echo2.rollout.engine import Engine, Sample, encode_prompts
+from echo2.rollout.engine import Engine, Sample, default_keys, encode_prompts
+from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.vllm_ext import layers_to_send
 
 logger = logging.getLogger(__name__)
@@ -129,6 +133,8 @@ class VLLMEngine:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads or torch.get_num_threads()))
         # Nor pin its threads to cores it picks alone: a learner and other workers share the machine.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if config.sampling == "gumbel":  # the V1 processor interface (vllm_sampling.py)
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         from vllm import LLM
 
         self.tokenizer = tokenizer
@@ -152,7 +158,7 @@ class VLLMEngine:
             dtype=dtype,
             seed=seed,
             enable_prefix_caching=True,
-            logprobs_mode=vllm_args.logprobs_mode(config),
+            **vllm_args.sampling_kwargs(config),  # logprobs_mode; "gumbel": the logits processor
             max_logprobs=0,
             worker_extension_cls=EXTENSION,
             **args,
@@ -192,16 +198,47 @@ class VLLMEngine:
     def encode(self, prompts: list[Prompt]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
 
-    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
-        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy)
+    def generate(
+        self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
+        if keys is None and self.config.sampling == "gumbel" and not greedy:
+            keys = default_keys([p.group_id for p in prompts])
+        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy, keys=keys)
 
-    def sampling_params(self, count: int, *, n: int, greedy: bool) -> list:
-        """One vLLM SamplingParams per context: on a GPU each with its own seed, drawn from torch's
-        global generator (vllm_args.request_seeds); on the CPU unseeded (torch's generator)."""
+    def sampling_params(self, count: int, *, n: int, greedy: bool, keys: SamplingKeys | None = None) -> list:
+        """The vLLM SamplingParams of `count` contexts. Multinomial: one per context, on a GPU each
+        with its own seed, drawn from torch's global generator (vllm_args.request_seeds); on the
+        CPU unseeded (torch's generator). Gumbel: one per sample (count x n, context i's n samples
+        together), greedy for vLLM and carrying its keys for the logits processor
+        (vllm_sampling.py); a greedy call under "gumbel" is marked so its logits are log-probs."""
         import torch
         from vllm import SamplingParams
 
         cfg = self.config
+        if cfg.sampling == "gumbel":
+            from echo2.rollout import vllm_sampling
+
+            if greedy:
+                extras = [{vllm_sampling.GREEDY: 1}] * (count * n)
+            else:
+                if keys is None:
+                    keys = default_keys([str(i) for i in range(count)])
+                if len(keys.groups) != count:
+                    raise ValueError(f"{len(keys.groups)} group ids for {count} contexts")
+                extras = vllm_sampling.extra_args(keys, n=n, temperature=cfg.temperature, top_p=cfg.top_p)
+            return [
+                SamplingParams(
+                    n=1,
+                    temperature=0.0,  # vLLM takes the arg-max of the processor's one-token row
+                    max_tokens=cfg.max_new_tokens,
+                    ignore_eos=True,
+                    stop_token_ids=[self.eos_id],
+                    logprobs=0,
+                    detokenize=False,
+                    extra_args=extra,
+                )
+                for extra in extras
+            ]
         seeds = None
         if not greedy:
             seeds = vllm_args.request_seeds(
@@ -224,19 +261,25 @@ class VLLMEngine:
             for i in range(count)
         ]
 
-    def generate_ids(self, encoded: list[list[int]], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+    def generate_ids(
+        self, encoded: list[list[int]], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
+    ) -> list[list[Sample]]:
         """As `generate`, from token ids; a multi-turn context reuses the KV cache of its earlier
-        turns through prefix caching."""
+        turns through prefix caching. `keys` as in `HFEngine.generate_ids` (rollout.sampling =
+        "gumbel" only)."""
         from vllm import TokensPrompt
 
-        params = self.sampling_params(len(encoded), n=n, greedy=greedy)
+        params = self.sampling_params(len(encoded), n=n, greedy=greedy, keys=keys)
+        per = len(params) // len(encoded)  # requests per context: 1 (n children), or n under gumbel
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=ids) for ids in encoded for _ in range(per)],
+            params,
+            use_tqdm=False,
         )
         results: list[list[Sample]] = []
-        for ids, out in zip(encoded, outputs, strict=True):
+        for i, ids in enumerate(encoded):
             group = []
-            for completion in out.outputs:
+            for completion in (c for out in outputs[i * per : (i + 1) * per] for c in out.outputs):
                 resp = tuple(completion.token_ids)
                 logprobs = tuple(
                     float(step[tok].logprob) for tok, step in zip(resp, completion.logprobs, strict=True)
