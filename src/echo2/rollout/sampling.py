@@ -182,12 +182,20 @@ def truncate(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p:
 
 def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     """[B, V] bool: the tokens the probability above which (in descending order) is < top_p."""
+    return _nuclei(scaled, top_p)[0]
+
+
+def _nuclei(scaled: torch.Tensor, *top_ps: float) -> list[torch.Tensor]:
+    """`_nucleus` of each of `top_ps`, from one sort (the check's cost at top_p < 1)."""
     sorted_, order = scaled.sort(dim=-1, descending=True)
     probs = sorted_.softmax(dim=-1)
     above = probs.cumsum(dim=-1) - probs
-    keep_sorted = above < top_p
-    keep_sorted[..., 0] = True
-    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    out = []
+    for top_p in top_ps:
+        keep_sorted = above < top_p
+        keep_sorted[..., 0] = True
+        out.append(torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted))
+    return out
 
 
 def scores(
@@ -255,8 +263,9 @@ def check(
         inside = torch.isfinite(loose)
         strict = loose
         if top_p < 1.0:
-            inside &= _nucleus(loose, min(1.0, top_p + mass_slack))
-            strict = loose.masked_fill(~_nucleus(loose, top_p), -math.inf)
+            wide, kept = _nuclei(loose, min(1.0, top_p + mass_slack), top_p)
+            inside &= wide
+            strict = loose.masked_fill(~kept, -math.inf)
         state = row_state(seeds[rows], records[rows], k - starts[rows])  # [b]
         tok = tokens[rows, k]
         valid = (tok >= 0) & (tok < vocab)
