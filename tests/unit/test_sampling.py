@@ -244,14 +244,18 @@ def test_check_with_pruning_equals_the_whole_vocabulary():
     assert verdict.ok.tolist() == [True, False, False, False]
 
 
-def test_gumbel_is_a_config_error_with_the_vllm_engine():
+def test_gumbel_is_accepted_by_the_vllm_engine_and_lifts_its_top_p_limit():
+    """vLLM samples by keyed Gumbel-max through echo2's processor (rollout/vllm_sampling.py), which
+    reports the learner's log-probs at any T and top_p; vLLM's own sampler only at T = 1 with top_p < 1."""
     from pydantic import ValidationError
 
     from echo2.config import ConfigError, RolloutConfig
     from echo2.rollout import vllm_args
 
-    with pytest.raises(ValidationError, match="rollout.sampling"):
-        RolloutConfig(engine="vllm", sampling="gumbel")
+    config = RolloutConfig(engine="vllm", sampling="gumbel", temperature=0.8, top_p=0.9)
+    vllm_args.check_sampling(config)
+    with pytest.raises(ValidationError, match="rollout.top_p"):
+        RolloutConfig(engine="vllm", sampling="multinomial", temperature=0.8, top_p=0.9)
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        vllm_args.check_sampling(RolloutConfig(temperature=0.8, top_p=0.9))
     assert RolloutConfig().sampling == "multinomial"  # the default until the references are re-measured
-    with pytest.raises(ConfigError, match="rollout.sampling"):
-        vllm_args.check_sampling(RolloutConfig(sampling="gumbel"))

@@ -81,14 +81,15 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> RolloutConfig:
-        if self.engine == "vllm" and self.sampling == "gumbel":
-            raise ValueError(
-                'rollout.sampling: "gumbel" (verifiable sampling) is implemented by the hf engine only '
-                '(rollout.engine = "vllm" given)'
-            )
-        if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
-            # vLLM returns raw log-probs (no temperature) or processed ones (renormalised over the
-            # nucleus): at T = 1 the raw ones are the learner's (rollout/vllm_args.py logprobs_mode).
+        if (
+            self.engine == "vllm"
+            and self.sampling == "multinomial"
+            and self.top_p < 1
+            and self.temperature != 1
+        ):
+            # vLLM's own sampler returns raw log-probs (no temperature) or processed ones (renormalised
+            # over the nucleus): at T = 1 the raw ones are the learner's (rollout/vllm_args.py
+            # logprobs_mode). Under "gumbel" echo2's processor reports them itself (vllm_sampling.py).
             raise ValueError(
                 f"rollout.top_p: the vllm engine samples top_p = {self.top_p} < 1 only at "
                 f"rollout.temperature = 1.0 (got {self.temperature})"
