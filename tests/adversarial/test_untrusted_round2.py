@@ -225,31 +225,56 @@ def test_the_honest_poker_record_passes_the_referee(poker):
     assert TaskReferee(task, tokenizer, max_new_tokens=6).check(record, 3) is None
 
 
+def _action_of(task, prompt, tokenizer, reply) -> tuple:
+    """What the env makes of `reply` as the first turn (decoded as the runner decodes it): the
+    applied action and whether it was malformed."""
+    from echo2.rollout.episodes import ChatTokens
+
+    env = task.make_env()
+    env.reset(prompt.metadata["env_seed"])
+    chat = ChatTokens(tokenizer).for_env(env)
+    result = env.step(chat.prefix_text + tokenizer.decode(reply, skip_special_tokens=True))
+    return result.action, result.malformed, result.reward
+
+
 def test_tokens_after_eos_in_a_reply_are_refused(poker):
+    """The forged reply keeps the honest action ("call" <eos> " now" <eos> decodes to "call now",
+    whose first word is the action) and its env tokens, so only the tokens after EOS are wrong:
+    a replay without the EOS rule (97ea5ef's) accepts it."""
     from echo2.learning.verify import TaskReferee
 
-    task, tokenizer, _, record = poker
+    task, tokenizer, prompt, record = poker
     start, end = _first_reply(record)
     reply = list(record.response_ids[start:end])  # "call" <eos>
     assert reply[-1] == tokenizer.eos_token_id
-    forged = _splice(record, start, end, reply[:-1] + [tokenizer.eos_token_id] + reply[:1] + [reply[-1]])
-    assert len(forged.response_ids) - start <= len(record.response_ids) - start + 2
+    extra = list(tokenizer(" now", add_special_tokens=False).input_ids)
+    forged_reply = reply[:-1] + [tokenizer.eos_token_id] + extra + [tokenizer.eos_token_id]
+    assert len(forged_reply) <= 6, "within the per-reply limit: only the EOS rule can refuse it"
+    assert _action_of(task, prompt, tokenizer, forged_reply) == _action_of(task, prompt, tokenizer, reply)
+    assert not _action_of(task, prompt, tokenizer, forged_reply)[1], "a legal, well-formed call"
+    forged = _splice(record, start, end, forged_reply)
     problem = TaskReferee(task, tokenizer, max_new_tokens=6).check(forged, 3)
-    assert problem is not None and problem.reason == "bad_mask" and "after its EOS" in problem.detail
+    assert problem is not None and problem.reason == "bad_mask" and "after its EOS" in problem.detail, problem
 
 
 def test_a_21_token_reply_where_the_limit_is_6_is_refused(poker):
+    """A 21-token reply whose first word is the honest action ("call"), ending in EOS as the honest
+    one does: the same action and env tokens, so only its length is wrong."""
     from echo2.learning.verify import TaskReferee
 
-    task, tokenizer, _, record = poker
+    task, tokenizer, prompt, record = poker
     start, end = _first_reply(record)
-    text = "I think that the best thing to do now, given the pot odds and the stacks, is to call"
+    honest = list(record.response_ids[start:end])
+    text = "call, since given the pot odds and the stacks that is the best thing to do now, I think, surely"
     words = list(tokenizer(text, add_special_tokens=False).input_ids)
     reply = [*words[:20], tokenizer.eos_token_id]
     assert len(reply) == 21 and tokenizer.eos_token_id not in reply[:-1]
+    assert tokenizer.decode(reply, skip_special_tokens=True).startswith("call")
+    assert _action_of(task, prompt, tokenizer, reply) == _action_of(task, prompt, tokenizer, honest)
+    assert not _action_of(task, prompt, tokenizer, reply)[1], "a legal, well-formed call"
     forged = _splice(record, start, end, reply)
     problem = TaskReferee(task, tokenizer, max_new_tokens=6).check(forged, 3)
-    assert problem is not None and problem.reason == "too_long" and "21 tokens" in problem.detail
+    assert problem is not None and problem.reason == "too_long" and "21 tokens" in problem.detail, problem
 
 
 def test_grouping_in_a_records_metadata_does_not_change_the_advantages(door: Door):
