@@ -45,6 +45,7 @@ def test_hand_strength_rule(pe):
     assert act(["7h", "2d"], **pre, to_call=0.5, max_bet=1) == "fold"
     assert act(["7h", "2d"], **pre, to_call=0, max_bet=1) == "check"
     assert act(["Th", "9d"], **pre, to_call=0.5, max_bet=1) == "fold"  # 9 is under ten
+    assert act(["Jh", "Td"], **pre, to_call=0.5, max_bet=1) == "raise 3"  # ten is high enough
     post = {"board": ["7c", "2s", "Kh"], "pot": 4, "max_bet": 0, "can_raise": True}
     assert act(["7h", "3d"], **post, to_call=0) == "raise 2"  # a pair: half the pot
     assert act(["7h", "3d"], **post, to_call=2) == "call"
