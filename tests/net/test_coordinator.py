@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -496,3 +497,55 @@ def test_a_push_takes_the_state_lock_once_and_checks_its_lease_once():
         assert refereed == [("a", 0), ("b", 0)] and journalled == [{"g0": 0}]
     finally:
         server.stop()
+
+
+def test_a_large_push_is_parsed_in_the_parser_process_and_answered_as_in_the_thread(monkeypatch):
+    """A body over IN_THREAD bytes (here: padded with whitespace) is parsed in the parser process:
+    accepted, or refused with the same answer and the same count as the same body parsed in the
+    ingest thread."""
+    state = make_state(FakeClock(), quarantine_after=100)  # every refusal below is a strike
+    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=200_000)
+    server.start()
+    try:
+        _large_push_cases(server, state, monkeypatch)
+    finally:
+        server.stop()
+
+
+def _large_push_cases(server, state, monkeypatch) -> None:
+    from echo2.control import coordinator as coordinator_module
+    from echo2.control.pushparse import IN_THREAD
+
+    wid = register(server)  # starts the parser process
+    while server.parser.outcome(b"{}", wid, {}) is None:  # until it is ready
+        time.sleep(0.05)
+    in_thread = []
+    parse = coordinator_module.outcome
+    monkeypatch.setattr(coordinator_module, "outcome", lambda *a: in_thread.append(1) or parse(*a))
+    lease = leased(server, state, wid)
+    pad = b" " * IN_THREAD
+
+    def both(batch, raw=None, token=TOKEN):
+        raw = raw if raw is not None else json.dumps(batch).encode()
+        small = call(server, "POST", "/v1/trajectories", batch, raw=raw, token=token)
+        before = sum(state.intake.ingestion.rejected.values())
+        large = call(server, "POST", "/v1/trajectories", batch, raw=raw + pad, token=token)
+        assert sum(state.intake.ingestion.rejected.values()) - before == (small[0] in (400, 422))
+        return small, large
+
+    good = {"worker_id": wid, "lease_id": lease["lease_id"], "records": [record("g0", "a"), record("g0", "b")]}
+    status, body = call(server, "POST", "/v1/trajectories", good, raw=json.dumps(good).encode() + pad)
+    assert (status, body) == (200, {"accepted": 2, "duplicates": 0}) and in_thread == []
+    assert state.intake.buffer.seen("a") and state.intake.buffer.seen("b")
+    for bad in (
+        {**good, "records": [record("g1", "c", reward="x")]},
+        {**good, "records": [record("g1", "d", response=(3, 4), loss_mask=[1])]},
+        {**good, "records": [record("g1", "e", reward=float("nan"))]},
+    ):
+        small, large = both(bad)
+        assert small == large and small[0] >= 400, (small, large)
+    small, large = both({**good, "worker_id": register(server, "o")}, token=CREDENTIALS[wid])
+    assert small == large and small[0] == 403  # a body made as another worker
+    small, large = both(good, raw=b"{not json")
+    assert small == large and small[0] == 400
+    assert len(in_thread) == 5  # the small ones only

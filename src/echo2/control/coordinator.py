@@ -7,8 +7,9 @@ the server's thread. A push's sender (its credential, its quarantine) and its de
 checked from the headers before a byte of its body is read; a refused body is not drained (the
 connection closes). The connections are capped (MAX_CONNECTIONS) and an idle one, or one still
 sending its headers, is closed after KEEPALIVE_S. What blocks (a push's parse, door and referee,
-the state's lock) runs in threads, never on the event loop: a push on `ingest_pool` (one at a
-time, so a burst of large pushes queues instead of contending), every other state call on the
+the state's lock) runs off the event loop: a push on `ingest_pool` (one at a time, so a burst of
+large pushes queues instead of contending; a large body is parsed in a process of its own,
+pushparse.py), a heartbeat on the loop only when the lock is free, every other state call on the
 loop's default executor. The guard middleware, body reading and the answer to every refusal are in
 http.py; the learner's end of snapshot broadcast (manifests and chunk streams paced by one uplink
 token bucket, the receivers' reports) is a `SnapshotRoutes` (snapshot_routes.py) whose routes it
@@ -31,26 +32,24 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from echo2.control import errors, identity, prom, status_page, validate
-from echo2.control.errors import Forbidden, Reason, Unauthorized, Unreadable
-from echo2.control.http import WORKER, capped, guard, parse_body, read_body, read_raw, refusal
+from echo2.control.errors import Forbidden, Unauthorized, Unreadable
+from echo2.control.http import WORKER, capped, guard, read_body, read_raw, refusal
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
     HeartbeatRequest,
     LeaseRequest,
     LeaseResponse,
-    PushRequest,
     RegisterRequest,
     RegisterResponse,
     ReturnRequest,
     RunView,
 )
+from echo2.control.pushparse import IN_THREAD, Parser, outcome, records_of
 from echo2.control.snapshot_routes import STREAMS, SnapshotRoutes
 from echo2.control.state import CoordinatorState
-from echo2.records import InvalidTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +107,8 @@ class Coordinator:
         """Workers answered `run_finished` (RemoteRollout.close waits for the live ones)."""
         self.ingest_pool: concurrent.futures.ThreadPoolExecutor | None = None
         """The thread pushes are parsed, checked and ingested in (one: they queue, in order)."""
+        self.parser = Parser()
+        """Parses a large push's body in its own process (pushparse.py), started at the first registration."""
         self.max_connections = MAX_CONNECTIONS
         self.refused_connections = 0
         """Connections closed at once because MAX_CONNECTIONS were open."""
@@ -175,6 +176,7 @@ class Coordinator:
     # ------------------------------------------------------------------ handlers
     async def register(self, request: web.Request) -> web.Response:
         req = await read_body(request, RegisterRequest)
+        self.parser.start()  # ready before this worker's first push (pushparse.py)
         observed = request.remote or ""
         relay_url = identity.relay_url(req.relay_port, req.relay_host, observed, any_host=self.any_relay_host)
         info = await self._blocking(
@@ -205,9 +207,15 @@ class Coordinator:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         req = await read_body(request, HeartbeatRequest)
-        await self._blocking(
-            self.state.heartbeat, req.worker_id, version=req.version, throughput=req.throughput
-        )
+        state, kw = self.state, {"version": req.version, "throughput": req.throughput}
+        beat = functools.partial(state.heartbeat, req.worker_id, **kw)
+        if state.shared.lock.acquire(blocking=False):  # free: noted here, no thread hop (an RLock)
+            try:
+                beat()
+            finally:
+                state.shared.lock.release()
+        else:  # held (a push being stored): waited for off the loop
+            await self._blocking(beat)
         return web.json_response(
             {"published_version": self.state.shared.published_version, "epoch": self.state.epoch}
         )
@@ -244,27 +252,20 @@ class Coordinator:
         return web.json_response(await loop.run_in_executor(self.ingest_pool, self._ingest, raw, worker_id))
 
     def _ingest(self, raw: bytes, worker_id: str | None) -> dict[str, int]:
-        """Parse, check and ingest one push (blocking: on `ingest_pool`)."""
-        try:
-            req = parse_body(raw, PushRequest, worker_id, direct=True)
-        except (ValidationError, Unreadable):
-            self.state.intake.count_rejected(Reason.MALFORMED, 1)  # a batch that does not parse counts once
-            raise
-        pusher = self.state.registry.workers.get(req.worker_id)  # who pushed, as the coordinator knows it
-        tag = {"worker": pusher.name if pusher is not None else req.worker_id}
-        try:
-            records = [r.trajectory(tag) for r in req.records]
-        except InvalidTrajectory as e:  # lengths disagree, non-finite reward: caught by Trajectory itself
-            self.state.intake.refuse(req.worker_id, e.reason, len(req.records))
-            raise errors.InvalidBatch(e.reason, validate.printable(e)) from None
-        problem = validate.batch_problem(
-            records, reward_range=self.state.intake.ingestion.limits.reward_range
-        )
+        """Parse, check and ingest one push (blocking: on `ingest_pool`; a body over IN_THREAD
+        bytes is parsed in the parser process, pushparse.py)."""
+        pusher = self.state.registry.workers.get(worker_id)  # who pushed, as the coordinator knows it
+        tag = {"worker": getattr(pusher, "name", worker_id)}
+        result = self.parser.outcome(raw, worker_id, tag) if len(raw) > IN_THREAD else None
+        result = result or outcome(raw, worker_id, tag)  # None: small, or the parser is starting
+        lease_id, records = records_of(result, self.state.intake, worker_id)
+        rewards = self.state.intake.ingestion.limits.reward_range
+        problem = validate.batch_problem(records, reward_range=rewards)
         if problem is not None:  # refused whole: nothing stored, only the refusal counted
-            self.state.intake.refuse(req.worker_id, problem.reason, len(records))
+            self.state.intake.refuse(worker_id, problem.reason, len(records))
             raise errors.InvalidBatch(problem.reason, problem.detail)
-        refereed = self.state.intake.referee_unlocked(req.worker_id, req.lease_id, records)
-        return self.state.intake.ingest(req.worker_id, req.lease_id, records, refereed=refereed)
+        refereed = self.state.intake.referee_unlocked(worker_id, lease_id, records)
+        return self.state.intake.ingest(worker_id, lease_id, records, refereed=refereed)
 
     # ------------------------------------------------------------------ snapshot broadcast
     async def published(self, request: web.Request) -> web.Response:
@@ -388,10 +389,10 @@ class Coordinator:
             await self._runner.cleanup()
         if self.ingest_pool:
             self.ingest_pool.shutdown(wait=False, cancel_futures=True)
+        self.parser.close()
 
     def stop(self) -> None:
         """Idempotent: stop serving and join the thread."""
         if self._loop and self._thread and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
-

@@ -9,7 +9,6 @@ authentication is the coordinator's, passed in.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 
@@ -17,7 +16,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from echo2.control import errors, validate
-from echo2.control.errors import Forbidden, Reason, Refused, Unreadable
+from echo2.control.errors import Reason, Refused
+from echo2.control.pushparse import parse_body
 
 logger = logging.getLogger(__name__)
 
@@ -87,31 +87,6 @@ async def read_raw(request: web.Request, *, limit: int) -> bytes:
     if len(raw) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
     return raw
-
-
-def parse_body(raw: bytes, model, worker: str | None, *, direct: bool = False):
-    """`raw` as `model`, made as `worker` if the model names one. Blocking (a large push takes a
-    while): the coordinator calls it off its event loop for pushes, `direct`ly (pydantic parses
-    the JSON itself, about 4x faster than `json.loads` and then validating a push's dicts; a body
-    its parser refuses is read again the usual way, so every refusal reads as it always did)."""
-    req = None
-    if direct:
-        try:
-            req = model.model_validate_json(raw)
-        except ValidationError as e:
-            if e.errors()[0]["type"] not in ("json_invalid", "recursion_loop"):
-                raise
-    if req is None:
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise Unreadable(f"body is not JSON: {validate.printable(e)}") from None
-        except RecursionError:
-            raise Unreadable("body is nested too deep") from None
-        req = model.model_validate(data)
-    if "worker_id" in model.model_fields and req.worker_id != worker:
-        raise Forbidden(f"this credential is not worker {validate.printable(req.worker_id)!r}'s")
-    return req
 
 
 def capped(
