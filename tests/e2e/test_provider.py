@@ -34,8 +34,12 @@ def test_the_scheduler_starts_workers_from_the_pool(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args])
     try:
         status = wait_for_activation(run_dir, proc, timeout=240)
+        pgrep = ["pgrep", "-P", str(proc.pid)]
         children = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+            pgrep, capture_output=True, text=True
+        ).stdout.split()  # with the push parser
+        workers = subprocess.run(
+            [*pgrep, "-f", "echo2.cli worker"], capture_output=True, text=True
         ).stdout.split()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
@@ -48,7 +52,7 @@ def test_the_scheduler_starts_workers_from_the_pool(tmp_path):
     assert names[0] == "cheap-0", "the run starts with the lowest price per unit throughput"
     assert activated[0] == "cheap-1", "the cheapest standby first"
     assert names == sorted(["cheap-0", *activated]), "each activation started one worker process"
-    assert len(children) == len(names), "one process per started worker"
+    assert len(workers) == len(names), "one process per started worker"
     for pid in children:
         assert subprocess.run(["kill", "-0", pid], capture_output=True).returncode != 0, (
             "stopped with the run"

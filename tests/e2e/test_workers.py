@@ -156,7 +156,9 @@ def test_a_worker_killed_mid_run(tmp_path, monkeypatch):
     assert survivors_alive == ["local-1", "local-2"]
     st = seen["source"].state
     assert st.intake.ingestion.reissued >= 1, "the dead worker's lease went back to the queue"
-    assert st.intake.ingestion.accepted == len(st.intake.buffer._seen), "every accepted record was stored exactly once"
+    assert st.intake.ingestion.accepted == len(st.intake.buffer._seen), (
+        "every accepted record was stored exactly once"
+    )
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 40
 
@@ -234,7 +236,9 @@ def test_connections_dropped_and_http_server_restarted(tmp_path, monkeypatch):
     st = seen["source"].state
     assert st.intake.ingestion.accepted > seen["accepted_before"], "workers carried on after the restart"
     consumed = 30 * config.rollout.prompts_per_step * config.rollout.group_size
-    assert st.intake.ingestion.accepted == consumed + len(st.intake.buffer) + st.intake.buffer.rejected["stale"]
+    assert (
+        st.intake.ingestion.accepted == consumed + len(st.intake.buffer) + st.intake.buffer.rejected["stale"]
+    )
     assert st.intake.ingestion.accepted == len(st.intake.buffer._seen), "no record stored twice"
 
 
@@ -337,8 +341,12 @@ def test_sigterm_stops_the_run_and_its_workers(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         time.sleep(0.2)
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert len(children) == 2, "two worker processes while training"
+    pgrep = ["pgrep", "-P", str(proc.pid)]
+    children = subprocess.run(pgrep, capture_output=True, text=True).stdout.split()  # with the push parser
+    workers = subprocess.run(
+        [*pgrep, "-f", "echo2.cli worker"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(workers) == 2, "two worker processes while training"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     for pid in children:
