@@ -126,6 +126,18 @@ def encode_prompts(tokenizer, prompts: list[Prompt], *, max_tokens: int) -> list
     return encoded
 
 
+def generate_prompts(
+    engine, prompts: list[Prompt], *, n: int, greedy: bool, keys: SamplingKeys | None
+) -> list[list[Sample]]:
+    """`Engine.generate` as every engine does it: the prompts encoded once by `encode_prompts` and
+    generated from their ids by `engine.generate_ids`; under rollout.sampling = "gumbel" with no keys,
+    keys from torch's generator and the prompts' own group ids (`default_keys`)."""
+    if keys is None and engine.config.sampling == "gumbel" and not greedy:
+        keys = default_keys([p.group_id for p in prompts])
+    encoded = encode_prompts(engine.tokenizer, prompts, max_tokens=engine.config.max_prompt_tokens)
+    return engine.generate_ids(encoded, n=n, greedy=greedy, keys=keys)
+
+
 class HFEngine:
     """Generates with a transformers model (`model.generate`), on `device` in `dtype`.
 
@@ -163,15 +175,10 @@ class HFEngine:
             self.lora_base = {}
         self.version = snapshot.version
 
-    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
-
     def generate(
         self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
     ) -> list[list[Sample]]:
-        if keys is None and self.config.sampling == "gumbel" and not greedy:
-            keys = default_keys([p.group_id for p in prompts])
-        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy, keys=keys)  # tokenized once
+        return generate_prompts(self, prompts, n=n, greedy=greedy, keys=keys)
 
     @torch.inference_mode()
     def generate_ids(

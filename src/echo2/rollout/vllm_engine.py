@@ -39,7 +39,7 @@ from echo2.data.tasks.base import Prompt
 from echo2.models import merge_adapter
 from echo2.records import Snapshot
 from echo2.rollout import vllm_args
-from echo2.rollout.engine import Engine, Sample, default_keys, encode_prompts
+from echo2.rollout.engine import Engine, Sample, default_keys, generate_prompts
 from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.vllm_ext import layers_to_send
 
@@ -195,15 +195,10 @@ class VLLMEngine:
         self.version = snapshot.version
         logger.debug("installed version %d in %.2f s", snapshot.version, time.perf_counter() - start)
 
-    def encode(self, prompts: list[Prompt]) -> list[list[int]]:
-        return encode_prompts(self.tokenizer, prompts, max_tokens=self.config.max_prompt_tokens)
-
     def generate(
         self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys: SamplingKeys | None = None
     ) -> list[list[Sample]]:
-        if keys is None and self.config.sampling == "gumbel" and not greedy:
-            keys = default_keys([p.group_id for p in prompts])
-        return self.generate_ids(self.encode(prompts), n=n, greedy=greedy, keys=keys)
+        return generate_prompts(self, prompts, n=n, greedy=greedy, keys=keys)
 
     def sampling_params(self, count: int, *, n: int, greedy: bool, keys: SamplingKeys | None = None) -> list:
         """The vLLM SamplingParams of `count` contexts. Multinomial: one per context, on a GPU each
