@@ -47,6 +47,7 @@ import time
 import uuid
 
 from common import run_clients, write_json
+from procs import cpu_list, pinned
 
 from echo2.config import CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
@@ -182,7 +183,8 @@ def heartbeats_once(args: argparse.Namespace) -> dict:
         "versions": args.versions,
     }
     proc = ctx.Process(target=heartbeat_clients, args=(url, knobs, ready, out))
-    proc.start()
+    with pinned(cpu_list(args.client_cpus)):
+        proc.start()
     ready.get(timeout=600)
     cpu = time.process_time()
     assert (
@@ -379,7 +381,8 @@ def ingest_once(
         target=ingest_clients,
         args=(url, groups, args.clients, args.ingest_seconds, args.groups_per_lease, out),
     )
-    proc.start()
+    with pinned(cpu_list(args.client_cpus)):
+        proc.start()
     cpu, accepted = time.process_time(), state.intake.ingestion.accepted
     result = out.get(timeout=args.ingest_seconds + 600)
     server_cpu, stored = time.process_time() - cpu, state.intake.ingestion.accepted - accepted
@@ -440,8 +443,12 @@ def main() -> None:
     p.add_argument(
         "--skip", choices=["heartbeats", "ingest", "journal", "baseline"], action="append", default=[]
     )
+    p.add_argument("--server-cpus", help="CPUs of the coordinator's process (its threads, its parser)")
+    p.add_argument("--client-cpus", help="CPUs of the client processes, e.g. 1 (default: the server's)")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.server_cpus:
+        os.sched_setaffinity(0, cpu_list(args.server_cpus))
     result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
     if "heartbeats" not in args.skip:
         runs = [heartbeats_once(args) for _ in range(args.repeats)]

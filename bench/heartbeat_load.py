@@ -33,6 +33,7 @@ import uuid
 
 from common import write_json
 from coordinator_load import GROUP, TOKEN, honest_groups, pct
+from procs import cpu_list, pinned
 
 from echo2.config import CoordinatorConfig
 from echo2.control.coordinator import Coordinator
@@ -213,14 +214,16 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
     ctx = mp.get_context("spawn")
     ready, beats, pushed, go = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
     load = ctx.Process(target=pushers, args=(url, scenario, args.pushers, args.seconds, groups, pushed, go))
-    load.start()
+    with pinned(cpu_list(args.client_cpus)):
+        load.start()
     registered = pushed.get(timeout=600)
     for wid in registered["register"][::2]:  # half of the big pushers are quarantined
         state.intake.integrity.quarantined.add(wid)
     beat = ctx.Process(
         target=beaters, args=(url, args.beaters, args.beat_interval, args.seconds + 2, ready, beats)
     )
-    beat.start()
+    with pinned(cpu_list(args.client_cpus)):
+        beat.start()
     ready.get(timeout=120)
     go.set()
     beat_result = beats.get(timeout=args.seconds + 600)
@@ -254,8 +257,12 @@ def main() -> None:
     p.add_argument(
         "--groups", type=int, default=6144, help="honest groups built (a stream client wraps past them)"
     )
+    p.add_argument("--server-cpus", help="CPUs of the coordinator's process (its threads, its parser)")
+    p.add_argument("--client-cpus", help="CPUs of the client processes, e.g. 1 (default: the server's)")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.server_cpus:
+        os.sched_setaffinity(0, cpu_list(args.server_cpus))
     result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
     groups, vocab_size = honest_groups(args.groups)
     for scenario in args.scenario:

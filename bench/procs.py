@@ -68,3 +68,29 @@ def _leads_group(p: subprocess.Popen) -> bool:
         return os.getpgid(p.pid) == p.pid
     except ProcessLookupError:
         return False
+
+
+def cpu_list(text: str | None) -> set[int] | None:
+    """`--server-cpus 0` / `--client-cpus 1,2-3` as a set of CPUs (None: not given)."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+    """The calling thread on `cpus` for the block (None: unchanged): a process or thread started
+    inside it inherits them, so a bench can keep its clients off the server's core."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

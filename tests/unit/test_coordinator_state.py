@@ -286,3 +286,46 @@ def test_a_failing_provider_call_records_nothing_and_propagates():
     with pytest.raises(OSError):
         state.expire()
     assert list(state.fleet.decisions) == [] and not state.shared.lock._is_owned()
+
+
+def test_a_heartbeat_noted_while_a_push_holds_the_lock_counts_at_the_next_round():
+    """`heartbeat_later` answers without the lock; the expiry round applies the beat (its time, its
+    version, its throughput) before it looks for silent workers, so the worker is not lost."""
+    clock = FakeClock()
+    state = make_state(clock)
+    state.publisher.publish(0, b"v0", keep=2)
+    wid = state.register(name="w", hardware="cpu", price_per_hour=0.0, inbound=False).worker_id
+    clock.now += 9.0
+    with state.shared.lock:  # a push being stored, in another thread
+        done = threading.Event()
+        threading.Thread(
+            target=lambda: done.set() if state.heartbeat_later(wid, version=0, throughput=3.0) else None
+        ).start()
+        assert done.wait(5), "heartbeat_later waited for the lock"
+    clock.now += 9.0  # 18 s after registering, 9 s after the beat: silent for 10 s would be lost
+    state.expire()
+    info = state.registry.workers[wid]
+    assert info.status is WorkerStatus.ACTIVE and info.last_seen == 1009.0 and info.throughput == 3.0
+    clock.now += 2.0
+    state.expire()  # 11 s after the beat, nothing since
+    assert state.registry.workers[wid].status is WorkerStatus.LOST
+
+
+def test_heartbeat_later_refuses_what_the_locked_heartbeat_refuses():
+    """A future version raises at once; a worker that is not active is left to the blocking path
+    (False), which raises as the registry does; a beat of a worker lost meanwhile counts for nothing."""
+    clock = FakeClock()
+    state = make_state(clock)
+    state.publisher.publish(0, b"v0", keep=2)
+    wid = state.register(name="w", hardware="cpu", price_per_hour=0.0, inbound=False).worker_id
+    with pytest.raises(Exception, match="version 3 > published 0"):
+        state.heartbeat_later(wid, version=3, throughput=0.0)
+    assert state.heartbeat_later("nobody", version=0, throughput=0.0) is False
+    with pytest.raises(UnknownWorker):
+        state.heartbeat("nobody", version=0, throughput=0.0)
+    clock.now += 1.0
+    assert state.heartbeat_later(wid, version=0, throughput=5.0)
+    info = state.registry.workers[wid]
+    info.status = WorkerStatus.LOST
+    state.expire()
+    assert info.status is WorkerStatus.LOST and info.last_seen == 1000.0 and info.throughput != 5.0

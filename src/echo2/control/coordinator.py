@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,11 @@ MAX_CONNECTIONS = 4096
 KEEPALIVE_S = 15.0
 """An idle connection, or one that has not finished sending a request's headers, is closed after
 this (a request's body is bounded by the handler timeout instead)."""
+SWITCH_INTERVAL_S = 0.001
+"""The interpreter's thread switch interval while the coordinator serves (the default is 5 ms).
+A push being checked keeps the ingest thread busy in Python, and the event loop's thread waits up
+to one interval each time it takes the GIL back, several times per request: a heartbeat took tens
+of milliseconds at the median during 4,096-record pushes (docs/benchmarks.md)."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
@@ -100,6 +106,8 @@ class Coordinator:
         self.status_extra = status_extra
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._switch: float | None = None
+        """The interpreter's switch interval before `start` lowered it (restored by `stop`)."""
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._expiry: asyncio.Task | None = None
@@ -208,14 +216,13 @@ class Coordinator:
     async def heartbeat(self, request: web.Request) -> web.Response:
         req = await read_body(request, HeartbeatRequest)
         state, kw = self.state, {"version": req.version, "throughput": req.throughput}
-        beat = functools.partial(state.heartbeat, req.worker_id, **kw)
         if state.shared.lock.acquire(blocking=False):  # free: noted here, no thread hop (an RLock)
             try:
-                beat()
+                state.heartbeat(req.worker_id, **kw)
             finally:
                 state.shared.lock.release()
-        else:  # held (a push being stored): waited for off the loop
-            await self._blocking(beat)
+        elif not state.heartbeat_later(req.worker_id, **kw):  # held (a push being stored)
+            await self._blocking(functools.partial(state.heartbeat, req.worker_id, **kw))  # to raise
         return web.json_response(
             {"published_version": self.state.shared.published_version, "epoch": self.state.epoch}
         )
@@ -316,6 +323,8 @@ class Coordinator:
 
     # ------------------------------------------------------------------ lifecycle (own thread)
     def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL_S))
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -393,6 +402,9 @@ class Coordinator:
 
     def stop(self) -> None:
         """Idempotent: stop serving and join the thread."""
+        if self._switch is not None:
+            sys.setswitchinterval(self._switch)
+            self._switch = None
         if self._loop and self._thread and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)

@@ -20,6 +20,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -87,6 +88,9 @@ class CoordinatorState:
         """One expiry round at a time (it releases the lock around provider calls)."""
         self.epoch = secrets.token_hex(8)
         """This start of the coordinator: workers that see it change drop versions it never published."""
+        self._beats: deque[tuple[str, int, float, float]] = deque()
+        """Heartbeats noted while a push held the lock (`heartbeat_later`), applied by the next
+        heartbeat or expiry round that takes it: (worker id, version, throughput, when)."""
 
     # ------------------------------------------------------------------ workers
     def register(
@@ -148,12 +152,40 @@ class CoordinatorState:
 
     def heartbeat(self, worker_id: str, *, version: int, throughput: float) -> None:
         with self.shared.lock:
+            self._apply_beats()
             info = self.registry.get(worker_id, self.shared.clock())
             self.shared.check_version(version)
             info.version = version
             now = self.shared.clock()
             self.registry.sample(info, throughput, now)
             self.publisher.note_version(worker_id, version, now)
+
+    def heartbeat_later(self, worker_id: str, *, version: int, throughput: float) -> bool:
+        """A heartbeat answered without the lock, which a push being stored holds (60-120 ms for
+        4,096 records): what a beat can refuse is checked now, from one read of the worker's entry
+        and of the published version (each atomic), and the beat is applied, with its time, by the
+        next holder of the lock that applies beats (a heartbeat or the expiry round, which applies
+        them before it looks for silent workers). False: this worker is not an active one, so the
+        caller takes the blocking `heartbeat`, which raises as the registry does."""
+        info = self.registry.workers.get(worker_id)
+        if info is None or info.status is not WorkerStatus.ACTIVE:
+            return False
+        self.shared.check_version(version)
+        self._beats.append((worker_id, version, throughput, self.shared.clock()))
+        return True
+
+    def _apply_beats(self) -> None:
+        """The beats `heartbeat_later` noted, in order (under the lock). A worker that stopped being
+        active since is skipped: its beat was answered, but it counts for nothing now."""
+        while self._beats:
+            worker_id, version, throughput, at = self._beats.popleft()
+            info = self.registry.workers.get(worker_id)
+            if info is None or info.status is not WorkerStatus.ACTIVE:
+                continue
+            info.last_seen = max(info.last_seen, at)
+            info.version = version
+            self.registry.sample(info, throughput, at)
+            self.publisher.note_version(worker_id, version, at)
 
     # ------------------------------------------------------------------ the expiry round
     def expire(self) -> None:
@@ -163,6 +195,7 @@ class CoordinatorState:
         never counts a stopped slot as capacity."""
         with self._round:
             with self.shared.lock:
+                self._apply_beats()  # answered while a push held the lock: not silent
                 now = self.shared.clock()
                 lost = self.registry.expire(now)
                 for worker_id in self.registry.purge(now, self.purge_after):
@@ -217,6 +250,7 @@ class CoordinatorState:
     def status(self) -> dict:
         """GET /status, less what the learner adds."""
         with self.shared.lock:
+            self._apply_beats()
             rows = self.registry.rows()
             intake = self.intake.status(rows)
             return {
