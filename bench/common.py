@@ -91,3 +91,20 @@ def sample_batch(samples, *, pad_id: int, group_id: str = "g"):
         for s in samples
     ]
     return records, to_tensors(records, pad_id=pad_id, advantages=[0.0] * len(records))
+
+
+def margin_stats(margins) -> dict:
+    """A bench's figures for sampling-check margins: tokens over the tolerance and over 0, max, quantiles."""
+    import torch
+
+    from echo2.rollout import sampling
+
+    q = torch.quantile(margins, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64)).tolist()
+    return {
+        "tokens_over_tolerance": int((margins > sampling.TOLERANCE).sum()),
+        "tokens_nonzero_margin": int((margins > 0).sum()),
+        "margin_max": float(margins.max()),
+        "margin_p50": q[0],
+        "margin_p99": q[1],
+        "margin_p999": q[2],
+    }

@@ -20,6 +20,7 @@ import json
 import time
 
 import torch
+from common import margin_stats
 
 from echo2.config import EnvTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
@@ -105,7 +106,6 @@ def _margins(logits, targets, records, rcfg) -> torch.Tensor:
 
 def report(args, totals: dict, margins: list[torch.Tensor], check_s: float) -> None:
     m = torch.cat(margins)
-    q = torch.quantile(m, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64)).tolist()
     print(
         json.dumps(
             {
@@ -117,12 +117,7 @@ def report(args, totals: dict, margins: list[torch.Tensor], check_s: float) -> N
                 "tolerance": sampling.TOLERANCE,
                 **totals,
                 "sampled_tokens": m.numel(),
-                "tokens_over_tolerance": int((m > sampling.TOLERANCE).sum()),
-                "tokens_nonzero_margin": int((m > 0).sum()),
-                "margin_max": float(m.max()),
-                "margin_p50": q[0],
-                "margin_p99": q[1],
-                "margin_p999": q[2],
+                **margin_stats(m),
                 "check_ms_per_sampled_token": 1000 * check_s / m.numel(),
             }
         ),

@@ -21,7 +21,7 @@ import json
 import time
 
 import torch
-from common import sample_batch
+from common import margin_stats, sample_batch
 
 from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
 from echo2.data.tasks import make_task
@@ -150,7 +150,6 @@ def report(
     **extra,
 ) -> None:
     m = torch.cat(margins)
-    q = torch.quantile(m, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64)).tolist()
     print(
         json.dumps(
             {
@@ -163,12 +162,7 @@ def report(
                 "tokens": m.numel(),
                 "records": records_checked,
                 "records_refused": bad_records,
-                "tokens_over_tolerance": int((m > sampling.TOLERANCE).sum()),
-                "tokens_nonzero_margin": int((m > 0).sum()),
-                "margin_max": float(m.max()),
-                "margin_p50": q[0],
-                "margin_p99": q[1],
-                "margin_p999": q[2],
+                **margin_stats(m),
                 "check_s_per_record": check_s / records_checked,
                 "check_ms_per_token": 1000 * check_s / m.numel(),
                 "vocab": int(vocab),

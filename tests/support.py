@@ -4,9 +4,14 @@ pytest's pythonpath). Fixtures live in conftest.py; plain values and builders li
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
+import signal
+import socket
+import subprocess
 from pathlib import Path
 
-from echo2.config import CoordinatorConfig
+from echo2.config import CoordinatorConfig, LearnerConfig
 from echo2.control.leases import Limits, Work
 from echo2.control.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
@@ -44,6 +49,51 @@ def make_state(clock: FakeClock | None = None, *, groups_per_step: int = 1024, *
     if clock is not None:
         extra["clock"] = clock
     return CoordinatorState(CoordinatorConfig(**section), work=work, **extra)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_journal(run_dir: Path) -> list[dict]:
+    """The run's journal (RUN_DIR/accepted.jsonl) as dicts, whole lines only; [] before it exists."""
+    path = run_dir / "accepted.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running, then wait for each, killing any not gone within 30 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def checked_train_step(model, tok, groups, check, *, temperature: float, micro_batch_tokens: int) -> dict:
+    """One `train_step` (lr 1e-4) on a copy of `model` under the learner's `check`; its stats."""
+    from echo2.learning.step import make_optimizer, train_step
+
+    model = copy.deepcopy(model)
+    lcfg = LearnerConfig(lr=1e-4, micro_batch_tokens=micro_batch_tokens)
+    return train_step(
+        model,
+        make_optimizer(model, lcfg),
+        groups,
+        lcfg,
+        pad_id=tok.pad_token_id,
+        temperature=temperature,
+        check=check,
+    )
 
 
 def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:

@@ -20,29 +20,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from hostile import TOKEN, HostileWorker
-from support import TINY
+from support import TINY, free_port, read_journal, stop_processes
 
 E2E = Path(__file__).parents[1] / "e2e"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def journal(run_dir: Path) -> list[dict]:
-    path = run_dir / "accepted.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
@@ -138,7 +124,7 @@ def test_sigkill_after_an_acknowledged_push_with_the_surrogate_case_loses_nothin
         wait_for(
             lambda: (
                 (run_dir / "checkpoint" / "state.json").is_file()
-                and any("published" in e and e["published"] >= 1 for e in journal(run_dir))
+                and any("published" in e and e["published"] >= 1 for e in read_journal(run_dir))
             ),
             120,
             "step 1's checkpoint and version 1",
@@ -175,17 +161,9 @@ def test_sigkill_after_an_acknowledged_push_with_the_surrogate_case_loses_nothin
         assert status == 200, body
         assert resumed.wait(timeout=120) == 0, log2.read_text()[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
-    lines = journal(run_dir)
+    lines = read_journal(run_dir)
     starts = [i for i, e in enumerate(lines) if "start" in e]
     assert len(starts) == 2, "two learner epochs"
     before_kill = {rid for e in lines[: starts[1]] if "taken" in e for rid in e["taken"]}

@@ -16,11 +16,12 @@ import json
 
 import pytest
 import torch
+from support import checked_train_step
 
-from echo2.config import CoordinatorConfig, EnvTaskConfig, LearnerConfig, RolloutConfig
+from echo2.config import CoordinatorConfig, EnvTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
-from echo2.learning.step import make_optimizer, response_logprobs, train_step
+from echo2.learning.step import response_logprobs
 from echo2.learning.verify import StepCheck, TaskReferee, sampling_check
 from echo2.records import Trajectory
 from echo2.rollout import sampling
@@ -85,21 +86,13 @@ def hindsight(model, tok, task, prompt, *, seed: int) -> Trajectory:
 
 
 def _step(model, tok, groups) -> tuple[StepCheck, dict]:
-    model = copy.deepcopy(model)
-    lcfg = LearnerConfig(lr=1e-4, micro_batch_tokens=8192)
     check = StepCheck(
         max_logratio=1.0,
         learner_version=0,
         sampling=sampling_check(CFG, is_env=True, eos_id=tok.eos_token_id),
     )
-    stats = train_step(
-        model,
-        make_optimizer(model, lcfg),
-        groups,
-        lcfg,
-        pad_id=tok.pad_token_id,
-        temperature=CFG.temperature,
-        check=check,
+    stats = checked_train_step(
+        model, tok, groups, check, temperature=CFG.temperature, micro_batch_tokens=8192
     )
     return check, stats
 

@@ -9,8 +9,9 @@ import copy
 import dataclasses
 
 import torch
+from support import checked_train_step
 
-from echo2.config import ArithmeticTaskConfig, LearnerConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import make_optimizer, response_logprobs, train_step
@@ -35,8 +36,6 @@ def _setup(tiny):
 
 
 def _step(model, tok, cfg, groups):
-    model = copy.deepcopy(model)
-    lcfg = LearnerConfig(lr=1e-4, micro_batch_tokens=4096)
     check = StepCheck(
         max_logratio=1.0,
         learner_version=0,
@@ -48,14 +47,8 @@ def _step(model, tok, cfg, groups):
             eos_id=tok.eos_token_id,
         ),
     )
-    stats = train_step(
-        model,
-        make_optimizer(model, lcfg),
-        groups,
-        lcfg,
-        pad_id=tok.pad_token_id,
-        temperature=cfg.temperature,
-        check=check,
+    stats = checked_train_step(
+        model, tok, groups, check, temperature=cfg.temperature, micro_batch_tokens=4096
     )
     return check, stats
 

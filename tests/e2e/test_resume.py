@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,23 +18,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import TINY
+from support import TINY, free_port, read_journal, stop_processes
 
 HERE = Path(__file__).parent
 HEARTBEAT_TIMEOUT = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def journal(run_dir: Path) -> list[dict]:
-    path = run_dir / "accepted.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def wait_for(predicate, timeout: float, what: str, procs=()) -> None:
@@ -97,17 +83,9 @@ def test_learner_killed_and_resumed_loses_nothing_and_trains_nothing_twice(tmp_p
         resumed = start([*learner_cmd, "--resume", str(run_dir), "-q"], "learner2.log")
         assert resumed.wait(timeout=300) == 0, (tmp_path / "learner2.log").read_text()[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
-    lines = journal(run_dir)
+    lines = read_journal(run_dir)
     starts = [i for i, e in enumerate(lines) if "start" in e]
     assert len(starts) == 2, "two learner epochs"
     accepted = [r["record_id"] for e in lines if "accepted" in e for r in e["accepted"]]
