@@ -59,7 +59,14 @@ def register(server, name, **extra) -> tuple[str, str]:
 
 def worker_view(state, wid):
     w = state.registry.workers[wid]
-    return (w.version, w.throughput, w.status, w.last_seen, dict(state.intake.ingestion.leases), list(state.intake.ingestion.reissue))
+    return (
+        w.version,
+        w.throughput,
+        w.status,
+        w.last_seen,
+        dict(state.intake.ingestion.leases),
+        list(state.intake.ingestion.reissue),
+    )
 
 
 def test_a_worker_cannot_act_as_another(coord):
@@ -138,7 +145,8 @@ def test_forged_install_reports_do_not_make_the_attacker_a_parent(coord):
 
 def test_a_transfer_counts_once_when_both_sides_agree(coord):
     """The honest path: the coordinator routes B to A, B reports what it received from A and A what
-    it sent B; A's score rises once, at a rate no faster than the coordinator saw."""
+    it sent B; A's score rises once (once A's own receipt from the learner is credited), at a rate
+    no faster than the coordinator saw."""
     server, state, clock = coord
     a, a_secret = register(server, "a", inbound=True, relay_port=9)
     b, b_secret = register(server, "b", inbound=True, relay_port=10)
@@ -146,6 +154,7 @@ def test_a_transfer_counts_once_when_both_sides_agree(coord):
     state.publisher.publish(0, data, keep=2)
     head, tail = state.publisher.bcast.plans[0].chains[0]
     secrets = {a: a_secret, b: b_secret}
+    assert call(server, "/v1/broadcast/route", {"worker_id": head, "version": 0}, secrets[head])[0] == 200
     status, route = call(server, "/v1/broadcast/route", {"worker_id": tail, "version": 0}, secrets[tail])
     assert route["parent_id"] == head
     clock.now += 2.0  # the transfer took 2 s as the coordinator saw it, whatever is claimed
@@ -161,6 +170,12 @@ def test_a_transfer_counts_once_when_both_sides_agree(coord):
     sent = {"worker_id": head, "version": 0, "child_id": tail, "bytes": 4096, "seconds": 1e-3}
     for _ in range(3):
         assert call(server, "/v1/broadcast/sent", sent, secrets[head])[0] == 200
+    assert head not in state.publisher.bcast.stats, "held until the relay's own receipt is credited"
+    state.publisher.report_sent(
+        None, 0, head, 4096, 1e-3
+    )  # the learner's stream, as the HTTP layer reports it
+    own = {**received, "worker_id": head, "transfers": [{"parent_id": None, "bytes": 4096, "seconds": 1e-3}]}
+    assert call(server, "/v1/broadcast/installed", own, secrets[head])[0] == 200
     stats = state.publisher.bcast.stats[head]
     assert stats.successes == 1 and list(stats.rates) == [4096 / 2.0]
 
@@ -196,7 +211,9 @@ def test_honest_relays_are_credited_through_both_accounts():
             assert len(chain) == 3
             deadline = asyncio.get_running_loop().time() + 30
             while state.publisher.bcast.ledger.outcomes["credited"] < 3:  # learner -> head -> middle -> tail
-                assert asyncio.get_running_loop().time() < deadline, dict(state.publisher.bcast.ledger.outcomes)
+                assert asyncio.get_running_loop().time() < deadline, dict(
+                    state.publisher.bcast.ledger.outcomes
+                )
                 await asyncio.sleep(0.05)
             head, middle, _ = chain
             for relay in (head, middle):

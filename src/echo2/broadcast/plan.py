@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,10 @@ class ScoreParams:
     max_decay: float = 0.3
     history: int = 10
     """Speed is the mean rate of this many most recent transfers."""
+    median: bool = False
+    """Speed from the median of those rates instead of their mean (the coordinator's, whose rates
+    are reports of workers: one outlier moves a median by one order statistic); the mean is Appendix
+    C.3's and the simulator's."""
     speed_decades: float = 1.0
     """Speed falls from 100 at the peers' rate to 0 over this many decades below it."""
 
@@ -51,8 +56,8 @@ class PeerStats:
     """Transfer history of one worker and its score (Appendix C.3, Lattica's peer selection).
 
     Score = Decay * (0.5 Speed + 0.35 Success*100 + 0.15 Stability*100), on a 0-100 scale, with
-    Speed measured against the peers' rate (`reference_bps`, the caller's: the median rate of
-    recent relay transfers), so that ranking is dominated by Speed as the paper reports: a perfect
+    Speed measured against the peers' rate (`reference_bps`, the caller's: the coordinator passes
+    the lower quartile of recent relay transfers, the simulator their median), so that ranking is dominated by Speed as the paper reports: a perfect
     record at the peers' rate (or faster: a chain runs at the rate it was planned at, so a faster
     relay gains it nothing) scores 100, at half of it 84.9, at a tenth 50 (below a newcomer's 55).
     """
@@ -99,15 +104,19 @@ class PeerStats:
 
     def speed(self, reference_bps: float) -> float:
         """clamp(100 * (1 + log10(mean rate / reference_bps) / speed_decades), 0, 100): 100 at the
-        peers' rate or faster, 69.9 at half of it, 0 at a tenth (one decade by default)."""
+        peers' rate or faster, 69.9 at half of it, 0 at a tenth (one decade by default). The
+        median rate instead of the mean with `params.median`."""
         if reference_bps <= 0:
             raise ValueError("reference_bps must be positive")
         if not self.rates:
             return 0.0
-        mean = sum(self.rates) / len(self.rates)
-        if mean <= 0:
+        if self.params.median:
+            rate = statistics.median(self.rates)
+        else:
+            rate = sum(self.rates) / len(self.rates)
+        if rate <= 0:
             return 0.0
-        ratio = math.log10(mean / reference_bps) / self.params.speed_decades
+        ratio = math.log10(rate / reference_bps) / self.params.speed_decades
         return min(100.0, max(0.0, 100 * (1 + ratio)))
 
     def success(self) -> float:

@@ -8,17 +8,23 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
 - **Plan.** At each publication the live workers are scored (Appendix C.3) and laid out as
   N_ch = floor(B0 / Bw_hat) chains (mode "chain") or all fed by the learner (mode "star"). Bw_hat is
   the median rate of the last 20 credited transfers, the configured figure until then.
-  Speed in the scores is measured against the peers' rate: the median of the last 20 credited relay
-  transfers (Bw_hat until there are 3). A worker with no relay server, one that failed as a parent
+  Speed in the scores compares a relay's median credited rate with the lower quartile of the
+  last 20 credited relay transfers (Bw_hat until there are 3); the peers' rate (their median) sets
+  the relay floor. A worker with no relay server, one that failed as a parent
   more than 3 times in a row, or one demoted as slow since the last plan, is only a tail. Relays
   with a credited transfer rank above newcomers; ties (and the choice among equally short chains
   for a late joiner) follow a random order drawn from a secret seed and the version, never the
   worker id, so re-registering buys no rank (plan.tie_order).
 - **What a claim can move.** A relay's transfer is a claim of two workers that may collude, so its
-  weight is bounded: each relay earns at most one credit (score and rate sample) per version; a
-  sample enters the medians clipped to within a factor CLIP of the current estimate; and for its
-  score a relay's rate counts at most at the peers' rate (Speed is 100 there anyway), so invented
-  fast transfers tie an honest relay at best and move a median by one order statistic each.
+  weight is bounded by what the coordinator can check: a relay forwards a version as it receives
+  it, so its transfer counts only once its own receipt of that version is credited (held until
+  then) and at most at that receipt's rate; the chain's head received from the learner, whose
+  streams the coordinator times itself, so every credited rate is bounded by a rate the coordinator
+  measured or an honest sender confirmed, and a pair confirming each other's invented transfers
+  is credited at their upstream's rate at best. Each relay earns at most one credit (score and rate
+  sample) per version; a sample enters the medians clipped to within a factor CLIP of the current
+  estimate; Speed is from the relay's median rate, 100 at the peers' lower quartile, so a relay
+  within the measurement noise of its peers scores as any other (ties: the seeded order).
 - **Route.** A worker asks whom to receive a version from. One that joined after the publication is
   appended to the shortest chain whose tail may relay (else fed by the learner); a parent that has
   been lost since planning is excised first.
@@ -57,6 +63,7 @@ from echo2.broadcast.plan import (
     ChainPlan,
     PeerInfo,
     PeerStats,
+    ScoreParams,
     plan_broadcast,
     relay_floor,
     tie_order,
@@ -71,6 +78,10 @@ class WrongSnapshot(ValueError):
     """A worker reports installing bytes that differ from the published snapshot."""
 
 
+SCORE_PARAMS = ScoreParams(median=True)
+"""Relays' Speed from the median of their recent credited rates (one claim: one order statistic)."""
+MAX_HELD = 64
+"""Transfers one relay served, held per version until its own receipt is credited."""
 CLIP = 2.0
 """A credited rate enters the Bw_hat and peers'-rate windows clipped to [median / CLIP,
 median * CLIP] of the window it joins: a handful of invented transfers at any rate shift a median by at most one order
@@ -121,6 +132,13 @@ class BroadcastState:
         """Secret: the tie-break order of each version's plan is drawn from it (plan.tie_order)."""
         self.relay_credited: set[tuple[int, str]] = set()
         """(version, relay) pairs already credited: one credit per relay and version."""
+        self.received_bps: dict[tuple[int, str], float] = {}
+        """(version, worker): the fastest credited rate at which it received that version, from
+        the learner (timed by the coordinator) or a relay (itself capped so): what it may be
+        credited for forwarding that version at most."""
+        self.held: dict[tuple[int, str], list[tuple[Credit, float]]] = {}
+        """(version, relay): agreed transfers it served, held until its own receipt of that
+        version is credited (then counted, capped at that receipt's rate)."""
         self.snapshots: dict[int, SnapshotBlob] = {}
         self.plans: dict[int, ChainPlan] = {}
         self.leaf_only: dict[int, set[str]] = {}
@@ -151,8 +169,12 @@ class BroadcastState:
         return statistics.median(self.relay_rates) if len(self.relay_rates) >= PEER_RATE_SAMPLES else None
 
     def reference_bps(self) -> float:
-        """What Speed is measured against: the peers' relay rate, Bw_hat until it is measured."""
-        return self.peer_bps() or self.bw_hat()
+        """What Speed is measured against: the lower quartile of the peers' recent relay rates
+        (Bw_hat until PEER_RATE_SAMPLES are credited). A relay whose median rate reaches it scores
+        Speed 100: one as fast as most of its peers is not ranked by measurement noise."""
+        if len(self.relay_rates) < PEER_RATE_SAMPLES:
+            return self.bw_hat()
+        return statistics.quantiles(self.relay_rates, n=4, method="inclusive")[0]
 
     def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
         """The rate floor (bytes/s) of a route: below it the receiver reports its relay `slow`.
@@ -165,7 +187,10 @@ class BroadcastState:
         return relay_floor(self.peer_bps(), self.policy.slow_relay_fraction)
 
     def _stats(self, worker_id: str) -> PeerStats:
-        return self.stats.setdefault(worker_id, PeerStats())
+        stats = self.stats.get(worker_id)
+        if stats is None:
+            stats = self.stats[worker_id] = PeerStats(params=SCORE_PARAMS)
+        return stats
 
     def _can_relay(self, worker_id: str, peers: dict[str, Peer]) -> bool:
         stats = self.stats.get(worker_id)
@@ -217,6 +242,8 @@ class BroadcastState:
                 self.slow_reported.pop(v, None)
                 self.ledger.forget(v)
                 self.relay_credited = {k for k in self.relay_credited if k[0] != v}
+                self.received_bps = {k: r for k, r in self.received_bps.items() if k[0] != v}
+                self.held = {k: c for k, c in self.held.items() if k[0] != v}
 
     # ------------------------------------------------------------------ routing
     def route(
@@ -340,25 +367,48 @@ class BroadcastState:
             self._credit(version, self.ledger.sent(key, nbytes, seconds, size=len(blob.data), now=now), now)
 
     def _credit(self, version: int, credit: Credit | None, now: float) -> None:
-        """Count an agreed transfer: the learner's (timed by the coordinator itself) always; a
-        relay's once per version, its rate clipped (CLIP) for the medians and capped at the peers'
-        rate for its score."""
+        """Count an agreed transfer: the learner's (timed by the coordinator itself) at once; a
+        relay's once its own receipt of the version is credited (held until then)."""
         if credit is None:
             return
         parent = credit.parent_id
-        if parent is not None:
-            if (version, parent) in self.relay_credited:
-                return
-            self.relay_credited.add((version, parent))
+        if parent is not None and (version, parent) not in self.received_bps:
+            held = self.held.setdefault((version, parent), [])
+            if len(held) < MAX_HELD:
+                held.append((credit, now))
+            return
+        ready = [(credit, now)]
+        while ready:  # a chain's held transfers, down the chain
+            credit, at = ready.pop()
+            if self._count(version, credit, at):
+                ready.extend(self.held.pop((version, credit.receiver_id), ()))
+
+    def _count(self, version: int, credit: Credit, now: float) -> bool:
+        """A relay forwards a version as it receives it, so its rate is capped at the rate its own
+        receipt was credited at (the learner's streams are timed by the coordinator; a relay's are
+        capped so in turn): a pair confirming each other's invented transfers is credited at most
+        at the rate an honest link upstream, or the learner, was measured at. The receiver's rate
+        is noted (True: its first, so the transfers it served, held, may be counted); each relay
+        earns one credit per version, its rate clipped (CLIP) for the medians."""
+        parent, receiver = credit.parent_id, credit.receiver_id
         rate = credit.bytes / credit.seconds if credit.bytes > 0 else None
+        if rate is not None and parent is not None:
+            rate = min(rate, self.received_bps[(version, parent)])
+        first_receipt = rate is not None and (version, receiver) not in self.received_bps
         if rate is not None:
-            self.rates.append(clip(rate, self.rates))
-        if parent is not None:
-            reference = self.reference_bps()
-            seconds = max(credit.seconds, credit.bytes / reference)  # faster than the peers gains nothing
-            self._stats(parent).record_transfer(credit.bytes, seconds, now)
+            self.received_bps[(version, receiver)] = max(
+                rate, self.received_bps.get((version, receiver), 0.0)
+            )
+        if parent is None or (version, parent) not in self.relay_credited:
+            if parent is not None:
+                self.relay_credited.add((version, parent))
             if rate is not None:
-                self.relay_rates.append(clip(rate, self.relay_rates))
+                self.rates.append(clip(rate, self.rates))
+            if parent is not None:
+                self._stats(parent).record_transfer(credit.bytes, credit.bytes / rate if rate else 0.0, now)
+                if rate is not None:
+                    self.relay_rates.append(clip(rate, self.relay_rates))
+        return first_receipt
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
         """The worker runs `version` (and so no longer receives any version up to it). False (and

@@ -32,6 +32,7 @@ Key = tuple[int, str | None, str]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Credit:
     parent_id: str | None
+    receiver_id: str
     bytes: int
     seconds: float
 
@@ -96,7 +97,10 @@ class TransferLedger:
         observed = min(s.first_at, r.first_at) - self.routed[key]
         self.outcomes["credited"] += 1
         return Credit(
-            parent_id=key[1], bytes=min(low, size), seconds=max(s.seconds, r.seconds, observed, 1e-3)
+            parent_id=key[1],
+            receiver_id=key[2],
+            bytes=min(low, size),
+            seconds=max(s.seconds, r.seconds, observed, 1e-3),
         )
 
     def forget(self, version: int) -> None:
