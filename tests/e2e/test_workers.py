@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from support import TINY, run_with_fleet
 
 from echo2.cli import main
@@ -44,6 +45,11 @@ def remote_toy_config(*, steps: int, heartbeat_timeout: float):
     )
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="bitwise parity across processes is a CPU property: on an H200 the worker's and the "
+    "in-process engine's bf16 rewards matched in one run and parted at step 2 in the next",
+)
 def test_one_worker_with_s0_matches_the_in_process_loop(tmp_path, monkeypatch):
     """Same task, seeds and prompts: a worker process samples what the in-process loop samples."""
     monkeypatch.syspath_prepend(str(HERE))
