@@ -47,7 +47,7 @@ import time
 import uuid
 
 from common import run_clients, write_json
-from procs import cpu_list, pinned
+from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
 from echo2.config import CoordinatorConfig
 from echo2.control.broadcast import BroadcastPolicy
@@ -443,13 +443,10 @@ def main() -> None:
     p.add_argument(
         "--skip", choices=["heartbeats", "ingest", "journal", "baseline"], action="append", default=[]
     )
-    p.add_argument("--server-cpus", help="CPUs of the coordinator's process (its threads, its parser)")
-    p.add_argument("--client-cpus", help="CPUs of the client processes, e.g. 1 (default: the server's)")
+    add_cpu_options(p)
     p.add_argument("--json")
     args = p.parse_args()
-    if args.server_cpus:
-        os.sched_setaffinity(0, cpu_list(args.server_cpus))
-    result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+    result: dict = start_on_server_cpus(args)
     if "heartbeats" not in args.skip:
         runs = [heartbeats_once(args) for _ in range(args.repeats)]
         result["heartbeats"] = {

@@ -33,7 +33,7 @@ import uuid
 
 from common import write_json
 from coordinator_load import GROUP, TOKEN, honest_groups, pct
-from procs import cpu_list, pinned
+from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
 from echo2.config import CoordinatorConfig
 from echo2.control.coordinator import Coordinator
@@ -257,13 +257,10 @@ def main() -> None:
     p.add_argument(
         "--groups", type=int, default=6144, help="honest groups built (a stream client wraps past them)"
     )
-    p.add_argument("--server-cpus", help="CPUs of the coordinator's process (its threads, its parser)")
-    p.add_argument("--client-cpus", help="CPUs of the client processes, e.g. 1 (default: the server's)")
+    add_cpu_options(p)
     p.add_argument("--json")
     args = p.parse_args()
-    if args.server_cpus:
-        os.sched_setaffinity(0, cpu_list(args.server_cpus))
-    result: dict = {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+    result: dict = start_on_server_cpus(args)
     groups, vocab_size = honest_groups(args.groups)
     for scenario in args.scenario:
         runs = [run_once(scenario, groups, vocab_size, args) for _ in range(args.repeats)]

@@ -81,6 +81,20 @@ def cpu_list(text: str | None) -> set[int] | None:
     return cpus
 
 
+def add_cpu_options(parser) -> None:
+    """`--server-cpus` / `--client-cpus` on a load bench's argparse parser."""
+    parser.add_argument("--server-cpus", help="CPUs of the coordinator's process (its threads, its parser)")
+    parser.add_argument("--client-cpus", help="CPUs of the client processes, e.g. 1 (default: the server's)")
+
+
+def start_on_server_cpus(args) -> dict:
+    """Pins this process (the server's side) to `--server-cpus` when given; returns the result header
+    every load bench writes: its arguments, its CPUs and the load average at its start."""
+    if args.server_cpus:
+        os.sched_setaffinity(0, cpu_list(args.server_cpus))
+    return {"args": vars(args), "cpus": sorted(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+
+
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None):
     """The calling thread on `cpus` for the block (None: unchanged): a process or thread started
