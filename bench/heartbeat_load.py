@@ -88,8 +88,12 @@ def beaters(url: str, num: int, interval: float, seconds: float, ready: mp.Queue
     asyncio.run(main())
 
 
-def pushers(url: str, scenario: str, num: int, seconds: float, groups: list[dict], out: mp.Queue, go) -> None:
+def pushers(
+    url: str, scenario: str, num: int, seconds: float, groups: list[dict], out: mp.Queue, go, nice: int
+) -> None:
     import aiohttp
+
+    os.nice(nice)  # the load generator yields its core to the beaters (see --load-nice)
 
     records_of = {g["index"]: g["samples"] for g in groups}
     big_record = {**groups[0]["samples"][0], "record_id": uuid.uuid4().hex}
@@ -213,7 +217,9 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
     drainer.start()
     ctx = mp.get_context("spawn")
     ready, beats, pushed, go = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
-    load = ctx.Process(target=pushers, args=(url, scenario, args.pushers, args.seconds, groups, pushed, go))
+    load = ctx.Process(
+        target=pushers, args=(url, scenario, args.pushers, args.seconds, groups, pushed, go, args.load_nice)
+    )
     with pinned(cpu_list(args.client_cpus)):
         load.start()
     registered = pushed.get(timeout=600)
@@ -253,6 +259,13 @@ def main() -> None:
     p.add_argument("--beat-interval", type=float, default=0.5)
     p.add_argument("--pushers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument(
+        "--load-nice",
+        type=int,
+        default=10,
+        help="niceness of the load process (pushers), which shares the beaters' CPUs here; in a "
+        "deployment they are other machines (0: the same priority as the beaters)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
         "--groups", type=int, default=6144, help="honest groups built (a stream client wraps past them)"
