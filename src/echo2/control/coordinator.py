@@ -72,8 +72,8 @@ FREEZE_HEAP = True
 (`gc.collect()`, then `gc.freeze()`; `stop` undoes it). The learner's process holds about 400,000
 tracked containers once the quickstart's model and tokenizer are loaded (torch, transformers, the
 model's modules), and a full collection walks all of them with every thread stopped: during
-4,096-record pushes such a collection took about 290 ms and heartbeats waited for it (p95 127 ms,
-max 301 ms in one run; with the freeze 7.5 ms and 51 ms, docs/benchmarks.md). What is frozen is
+4,096-record pushes such a collection took about 290 ms and heartbeats waited for it (p95 131-174
+ms; with the freeze 5.6-6.2 ms: bench/heartbeat_gc.py, docs/benchmarks.md). What is frozen is
 never collected, which is right for what a process holds at start (modules, the model) and leaks
 only cycles among those objects that die later."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
