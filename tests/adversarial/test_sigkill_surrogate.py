@@ -79,7 +79,11 @@ class Producer:
 
 
 def lease_and_push(worker: HostileWorker, producer: Producer, version: int, groups: int = 1):
+    deadline = time.monotonic() + 60
     status, lease = worker.lease(version=version, max_groups=groups)
+    while status == 204 and time.monotonic() < deadline:  # no work yet: asked again, as a worker does
+        time.sleep(0.2)
+        status, lease = worker.lease(version=version, max_groups=groups)
     assert status == 200, lease
     records = producer.records(lease, version)
     return lease, records
