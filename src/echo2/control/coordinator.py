@@ -68,14 +68,9 @@ A push being checked keeps the ingest thread busy in Python, and the event loop'
 to one interval each time it takes the GIL back, several times per request: a heartbeat took tens
 of milliseconds at the median during 4,096-record pushes (docs/benchmarks.md)."""
 FREEZE_HEAP = True
-"""Whether `start` moves every object alive at that moment out of the garbage collector's sight
-(`gc.collect()`, then `gc.freeze()`; `stop` undoes it). The learner's process holds about 400,000
-tracked containers once the quickstart's model and tokenizer are loaded (torch, transformers, the
-model's modules), and a full collection walks all of them with every thread stopped: during
-4,096-record pushes such a collection took about 290 ms and heartbeats waited for it (p95 131-174
-ms; with the freeze 5.6-6.2 ms: bench/heartbeat_gc.py, docs/benchmarks.md). What is frozen is
-never collected, which is right for what a process holds at start (modules, the model) and leaks
-only cycles among those objects that die later."""
+"""`start` freezes what the process holds (gc.freeze; `stop` undoes it): a full collection then walks
+only what arrived since, not the learner's ~400,000 start-up containers with every thread stopped
+(~290 ms each during 4,096-record pushes: heartbeat p95 131 -> 6 ms, bench/heartbeat_gc.py)."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
