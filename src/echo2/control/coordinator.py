@@ -70,7 +70,9 @@ of milliseconds at the median during 4,096-record pushes (docs/benchmarks.md).""
 FREEZE_HEAP = True
 """`start` freezes what the process holds (gc.freeze; `stop` undoes it): a full collection then walks
 only what arrived since, not the learner's ~400,000 start-up containers with every thread stopped
-(~290 ms each during 4,096-record pushes: heartbeat p95 131 -> 6 ms, bench/heartbeat_gc.py)."""
+(~290 ms each during 4,096-record pushes: heartbeat p95 131 -> 6 ms, bench/heartbeat_gc.py).
+One freeze per process: two coordinators in one process (tests) share it, and the first `stop`
+undoes it for both."""
 WORKER_CALLS = {"heartbeat", "lease", "return_lease", "push", "route", "failure", "installed", "sent"}
 """Routes made as one worker: they need that worker's credential, and their body's worker_id must
 be the credential's."""
