@@ -260,9 +260,10 @@ def play_baseline(
 
 
 # ---------------------------------------------------------------------------- the model
-def load_model_engine(config_path: str | None, run_dir: str | None):
+def load_model_engine(config_path: str | None, run_dir: str | None, device: str = "cpu", dtype: str = "fp32"):
     """(config, engine, label): the initial model of a config, or a run directory's checkpoint
-    (its config.toml, weights and version), on the CPU with the learner's evaluation engine."""
+    (its config.toml, weights and version), with the learner's evaluation engine on `device` ("cpu"
+    or "cuda") in `dtype` ("fp32", as every CPU result, or "bf16")."""
     import torch
 
     from echo2.config import load_config
@@ -270,12 +271,16 @@ def load_model_engine(config_path: str | None, run_dir: str | None):
     from echo2.learning.device import resolved
     from echo2.rollout.engines import learner_engine
 
+    def on_device(config):
+        learner = config.learner.model_copy(update={"device": device, "dtype": dtype})
+        return resolved(config.model_copy(update={"learner": learner}))
+
     if run_dir is not None:
-        config = resolved(load_config(Path(run_dir) / "config.toml"))
+        config = on_device(load_config(Path(run_dir) / "config.toml"))
         learner = build.load(config, resume_from=Path(run_dir))
         label = f"model_{Path(run_dir).name}_v{learner.state.version}"
     else:
-        config = resolved(load_config(config_path))
+        config = on_device(load_config(config_path))
         learner = build.load(config)
         label = f"model_{Path(config_path).stem}_initial"
     torch.set_num_threads(config.run.threads or 1)
@@ -284,7 +289,7 @@ def load_model_engine(config_path: str | None, run_dir: str | None):
         model=learner.model,
         tokenizer=learner.tokenizer,
         version=learner.state.version,
-        device=torch.device("cpu"),
+        device=torch.device(device),
     )
     return config, engine, label
 
@@ -447,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--opponents", nargs="+", default=["call_station", "rule_based"])
     pl.add_argument("--hands", type=int, default=1000)
     pl.add_argument("--out", type=Path, default=OUT)
+    pl.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model plays")
+    pl.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the model's dtype")
     sm = sub.add_parser("summarize", help="OUT/summary.json and OUT/summary.md from OUT/hands")
     sm.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
@@ -480,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             }  # fmt: skip
             print(f"{policy} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand")
     if args.model or args.run_dir:
-        config, engine, label = load_model_engine(args.model, args.run_dir)
+        config, engine, label = load_model_engine(args.model, args.run_dir, args.device, args.dtype)
         for opponent in args.opponents:
             t0 = time.perf_counter()
             rows = play_model(config, engine, opponent, seeds)
@@ -488,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             write_hands(args.out / "hands" / f"{label}__{opponent}.jsonl.gz", rows)
             runs[f"{label}__{opponent}"] = {
                 "env": env_spec(config.task.env, opponent), "max_turns": config.task.max_turns,
-                "seconds": round(seconds, 1), "threads": config.run.threads,
+                "seconds": round(seconds, 1), "threads": config.run.threads, "device": args.device,
+                "dtype": args.dtype,
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                 "command": "python bench/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             }  # fmt: skip

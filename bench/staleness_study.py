@@ -10,6 +10,11 @@ reruns it). Run one row alone with --only:
     python bench/staleness_study.py                                   # the powered grid
     python bench/staleness_study.py --grid pilot --only lag=4,correction=tis,seed=0
     python bench/staleness_study.py --only workers=2,seed=0
+    python bench/staleness_study.py --only seed=3 --set learner.device=cuda --json a.json  # on a GPU
+    python bench/staleness_study.py --merge a.json b.json --json docs/bench/staleness_gpu.json
+
+--set KEY=VALUE passes a config override to every row (recorded in the results' settings); --merge
+joins results files written by several instances (one per seed, say) into one JSON, table and plot.
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def command(row: dict, args, run_dir: Path) -> list[str]:
         cmd += [f"--workers={row['workers']}", f"--learner.staleness={row['staleness']}"]
     else:
         cmd += [f"--rollout.lag={row['lag']}", f"--learner.staleness={row['lag']}"]
-    return cmd + [
+    return cmd + [f"--{kv}" for kv in args.set] + [
         f"--learner.correction={row['correction']}",
         f"--run.seed={row['seed']}",
         f"--learner.steps={args.steps}",
@@ -218,6 +223,32 @@ def plot(results: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def write_results(args, grid: list[dict], settings: dict, results: list[dict]) -> None:
+    """The results JSON, the markdown table and the plot, rows in the grid's order."""
+    order = [row_name(g) for g in grid]
+    results.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+    write_json(args.json, {"settings": settings, "rows": results})
+    Path(args.table).write_text(table(results))
+    plot(results, Path(args.plot))
+
+
+def merge(args, grid: list[dict]) -> None:
+    """--merge: one results file from several with the same settings (a row in two files is an error)."""
+    parts = [json.loads(Path(f).read_text()) for f in args.merge]
+    for part in parts:  # files written before --set existed ran with none
+        part["settings"].setdefault("set", [])
+    settings = parts[0]["settings"]
+    for f, part in zip(args.merge, parts, strict=True):
+        if part["settings"] != settings:
+            sys.exit(f"--merge: {f} was run with other settings ({part['settings']} vs {settings})")
+    rows = [r for part in parts for r in part["rows"]]
+    names = [r["name"] for r in rows]
+    if len(set(names)) != len(names):
+        sys.exit(f"--merge: a row is in two files: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    write_results(args, grid, settings, rows)
+    print(f"{len(rows)} rows from {len(parts)} files -> {args.json}, {args.table}, {args.plot}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/quickstart.toml")
@@ -235,6 +266,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", help="run only the rows matching k=v,k=v (e.g. lag=4,correction=tis,seed=0)")
     p.add_argument("--force", action="store_true", help="rerun rows already in the results")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every row, e.g. learner.device=cuda (repeatable)")  # fmt: skip
+    p.add_argument("--drop-checkpoints", action="store_true",
+                   help="delete each row's checkpoint once summarised (1.6 GB a row; the study reads none)")  # fmt: skip
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="join these results files; run nothing")
     p.add_argument("--runs", help="run directories, one per row (default runs/<grid's name>)")
     p.add_argument("--json", help="default docs/bench/<grid's name>.json")
     p.add_argument("--table", help="default docs/bench/<grid's name>.md")
@@ -249,13 +285,17 @@ def main() -> None:
     args.table = args.table or f"docs/bench/{defaults['out']}.md"
     args.plot = args.plot or defaults["plot"]
 
+    if args.merge:
+        merge(args, grid)
+        return
     rows = [r for r in grid if not args.only or matches(r, args.only)]
     if not rows:
         sys.exit(f"--only: no row of the grid matches {args.only!r}")
     out = Path(args.json)
     results = json.loads(out.read_text())["rows"] if out.exists() else []
-    settings = {k: getattr(args, k) for k in ("config", "steps", "lr", "prompts_per_step", "group_size", "eval_size", "eval_every", "threads")}  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    settings = {k: getattr(args, k) for k in ("config", "steps", "lr", "prompts_per_step", "group_size", "eval_size", "eval_every", "threads", "set")}  # fmt: skip
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]  # keep a caller's entries
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     for row in rows:
         name = row_name(row)
         if not args.force and any(r["name"] == name for r in results):
@@ -272,12 +312,10 @@ def main() -> None:
             print(f"{name}: exit status {done.returncode}, not recorded", flush=True)
             continue
         result = summarise(row, run_dir, wall, cmd)
+        if args.drop_checkpoints:
+            shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
         results = [r for r in results if r["name"] != name] + [result]
-        order = [row_name(g) for g in grid]
-        results.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
-        write_json(args.json, {"settings": settings, "rows": results})
-        Path(args.table).write_text(table(results))
-        plot(results, Path(args.plot))
+        write_results(args, grid, settings, results)
         print(
             f"{time.strftime('%H:%M:%S')} done {name} in {wall:.0f} s: held-out "
             f"{result['accuracy_before']:.3f} -> {result['accuracy_after']:.3f}",

