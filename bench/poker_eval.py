@@ -382,8 +382,8 @@ def summarize(out: Path) -> dict:
     comparisons = []
     for opponent, by_policy in cells.items():
         for policy, hands in by_policy.items():
-            if policy.startswith("model"):  # against every baseline and every other model
-                bases = [*BASELINES, *sorted(p for p in by_policy if p.startswith("model") and p != policy)]
+            if policy.startswith("model"):  # against every baseline and the untrained model
+                bases = [*BASELINES, *sorted(p for p in by_policy if p.endswith("_initial") and p != policy)]
             else:  # a baseline against always check/call: the bar that format alone reaches
                 bases = [] if policy == "check_call" else ["check_call"]
             for base in bases:
