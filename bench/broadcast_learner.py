@@ -268,7 +268,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
             return _emit(result, 1)
         with state.shared.lock:
             # N_ch from the configured budgets, not from what the (small) warm-up measured
-            state.publisher.bcast.rates.clear()
+            state.publisher.bcast.credits.rates.clear()
         time.sleep(0.5)  # the warm-up's install reports and heartbeats settle
         result.update(broadcast(1, args.snapshot_bytes, announce=args.throttle))
         result["loadavg"] = list(os.getloadavg())
@@ -287,7 +287,7 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
                     [names[w] for w in c] for c in state.publisher.bcast.plans[1].chains
                 ]
                 result["peer_mbps"] = (state.publisher.bcast.peer_bps() or 0.0) * 8 / 1e6
-                state.publisher.bcast.rates.clear()  # N_ch from the configured budgets again
+                state.publisher.bcast.credits.rates.clear()  # N_ch from the configured budgets again
             time.sleep(0.5)
             nxt = broadcast(2, args.snapshot_bytes)
             result["next"] = {

@@ -175,7 +175,7 @@ class Door:
                 "reissue": list(s.intake.ingestion.reissue),
                 "workers": {k: (w.version, w.throughput, w.status) for k, w in s.registry.workers.items()},
                 "published": s.shared.published_version,
-                "rates": list(s.publisher.bcast.rates),
+                "rates": list(s.publisher.bcast.credits.rates),
                 "rejected": dict(s.intake.ingestion.rejected),
             }
 

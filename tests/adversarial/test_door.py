@@ -87,6 +87,6 @@ def test_the_chain_count_survives_an_infinite_rate():
     """The consumer does not trust the door alone: an infinite measured rate plans one chain."""
     bcast = BroadcastState(BroadcastPolicy(uplink_budget_bps=None))  # B0 unlimited: inf / inf
     peers = {w: Peer(worker_id=w, relay_url=f"http://{w}:1", registered_at=0.0) for w in ("a", "b")}
-    bcast.rates.append(float("inf"))
+    bcast.credits.rates.append(float("inf"))
     plan = bcast.make_plan(peers, 0.0)
     assert sorted(w for chain in plan.chains for w in chain) == ["a", "b"]

@@ -237,8 +237,8 @@ def test_the_issues_colluding_pair_reaches_no_top_score_and_no_huge_rate():
         "scores": scores,
         "invented": attacked.invented,
         "peer_rate_mbps": (
-            mbps(statistics.median(honest.relay_rates)),
-            mbps(statistics.median(attacked.relay_rates)),
+            mbps(statistics.median(honest.credits.relay_rates)),
+            mbps(statistics.median(attacked.credits.relay_rates)),
         ),
         "bw_hat_mbps": (mbps(honest.bw_hat()), mbps(attacked.bw_hat())),
         "speed_reference_mbps": (mbps(honest.reference_bps()), mbps(attacked.reference_bps())),

@@ -239,7 +239,7 @@ def test_slow_relay_is_reported_demoted_and_only_a_tail_in_the_next_plan():
             slow = fleet.peers[0]
             publish(state, 0)
             await fleet.installed(0)
-            while len(state.publisher.bcast.rates) < 6:  # both sides' accounts of all six streams
+            while len(state.publisher.bcast.credits.rates) < 6:  # both sides' accounts of all six streams
                 await asyncio.sleep(0.02)
             with state.shared.lock:  # B0 = 2.5 x the measured Bw_hat: two chains again
                 policy = state.publisher.bcast.policy

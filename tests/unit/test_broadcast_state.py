@@ -214,7 +214,7 @@ def test_a_slow_relay_is_demoted_its_tail_moved_and_it_sits_out_the_next_plan_as
     assert st.plans[0].chains == (("a", "c", "e"), ("b", "d", "f"))  # all newcomers: by id
     assert st.relay_floor("c", 0, "a") is None, "no relay rate measured yet: no floor"
     deliver(st, 0, live, blob0, at=0.0, seconds=4.0)  # every link at 1 MB/s
-    assert list(st.relay_rates) == [1e6] * 4 and st.peer_bps() == 1e6
+    assert list(st.credits.relay_rates) == [1e6] * 4 and st.peer_bps() == 1e6
     assert st.relay_floor("c", 0, "a") == pytest.approx(0.75e6)  # 3/4 of the peers' rate
     assert st.relay_floor("a", 0, None) is None, "the learner has no floor"
 

@@ -28,6 +28,7 @@ PURE = [
     "echo2.control.registry",
     "echo2.control.leases",
     "echo2.control.fleet",
+    "echo2.control.credits",
 ]
 """Policies and formulas shared by the runtime, the simulator and the tests (docs/architecture.md)."""
 

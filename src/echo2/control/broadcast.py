@@ -23,7 +23,7 @@ and calls it under its lock, passing the workers that are alive now (`Peer`). Po
   measured or an honest sender confirmed, and a pair confirming each other's invented transfers
   is credited at their upstream's rate at best. Each relay earns at most one credit (score and rate
   sample) per version; a sample enters the medians clipped to within a factor CLIP of the current
-  estimate; Speed is from the relay's median rate, 100 at the peers' lower quartile, so a relay
+  estimate (control/credits.py); Speed is from the relay's median rate, 100 at the peers' lower quartile, so a relay
   within the measurement noise of its peers scores as any other (ties: the seeded order).
 - **Route.** A worker asks whom to receive a version from. One that joined after the publication is
   appended to the shortest chain whose tail may relay (else fed by the learner); a parent that has
@@ -54,12 +54,10 @@ from __future__ import annotations
 
 import math
 import secrets
-import statistics
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 
 from echo2.broadcast.plan import (
-    PEER_RATE_SAMPLES,
     ChainPlan,
     PeerInfo,
     PeerStats,
@@ -70,6 +68,7 @@ from echo2.broadcast.plan import (
 )
 from echo2.config import SLOW_RELAY_FRACTION
 from echo2.control.blob import NotKept, SnapshotBlob
+from echo2.control.credits import RateCredits
 from echo2.control.installs import Installs
 from echo2.control.transfers import Credit, TransferLedger
 
@@ -80,12 +79,6 @@ class WrongSnapshot(ValueError):
 
 SCORE_PARAMS = ScoreParams(median=True)
 """Relays' Speed from the median of their recent credited rates (one claim: one order statistic)."""
-MAX_HELD = 64
-"""Transfers one relay served, held per version until its own receipt is credited."""
-CLIP = 2.0
-"""A credited rate enters the Bw_hat and peers'-rate windows clipped to [median / CLIP,
-median * CLIP] of the window it joins: a handful of invented transfers at any rate shift a median by at most one order
-statistic each, and even a window they fill moves by at most this factor per window."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,15 +107,6 @@ class Peer:
     registered_at: float
 
 
-def clip(rate: float, window: deque[float]) -> float:
-    """`rate` within a factor CLIP of the median of `window` (as it is once it holds
-    PEER_RATE_SAMPLES; before that the first samples, not a configured guess, set the scale)."""
-    if len(window) < PEER_RATE_SAMPLES:
-        return rate
-    estimate = statistics.median(window)
-    return min(max(rate, estimate / CLIP), estimate * CLIP)
-
-
 class BroadcastState:
     def __init__(self, policy: BroadcastPolicy, *, seed: int | None = None) -> None:
         if policy.mode not in ("chain", "star"):
@@ -130,27 +114,17 @@ class BroadcastState:
         self.policy = policy
         self.seed = secrets.randbits(64) if seed is None else seed
         """Secret: the tie-break order of each version's plan is drawn from it (plan.tie_order)."""
-        self.relay_credited: set[tuple[int, str]] = set()
-        """(version, relay) pairs already credited: one credit per relay and version."""
-        self.received_bps: dict[tuple[int, str], float] = {}
-        """(version, worker): the fastest credited rate at which it received that version, from
-        the learner (timed by the coordinator) or a relay (itself capped so): what it may be
-        credited for forwarding that version at most."""
-        self.held: dict[tuple[int, str], list[tuple[Credit, float]]] = {}
-        """(version, relay): agreed transfers it served, held until its own receipt of that
-        version is credited (then counted, capped at that receipt's rate)."""
         self.snapshots: dict[int, SnapshotBlob] = {}
         self.plans: dict[int, ChainPlan] = {}
         self.leaf_only: dict[int, set[str]] = {}
         """Per version, parents excised for it: they may not get a child again for that version."""
         self.receiving: dict[int, set[str]] = {}
         """Per version, workers that asked for a route and do not run it (or newer) yet."""
+        self.credits = RateCredits()
+        """What agreed transfers count for: rates, one credit per relay and version (control/credits.py)."""
         self.installs = Installs()
         """Who runs which version since when, and T_bcast (control/installs.py)."""
         self.stats: dict[str, PeerStats] = {}
-        self.rates: deque[float] = deque(maxlen=20)
-        self.relay_rates: deque[float] = deque(maxlen=20)
-        """Rates of the last credited transfers a relay (not the learner) served: the peers' rate."""
         self.slow_reported: dict[int, set[str]] = {}
         """Per version, receivers that demoted a parent as slow (one each per version)."""
         self.failures: Counter[str] = Counter()
@@ -162,19 +136,15 @@ class BroadcastState:
 
     # ------------------------------------------------------------------ planning
     def bw_hat(self) -> float:
-        return statistics.median(self.rates) if self.rates else self.policy.worker_bps
+        return self.credits.bw_hat(self.policy.worker_bps)
 
     def peer_bps(self) -> float | None:
         """The peers' measured relay rate (bytes/s), None until PEER_RATE_SAMPLES are credited."""
-        return statistics.median(self.relay_rates) if len(self.relay_rates) >= PEER_RATE_SAMPLES else None
+        return self.credits.peer_bps()
 
     def reference_bps(self) -> float:
-        """What Speed is measured against: the lower quartile of the peers' recent relay rates
-        (Bw_hat until PEER_RATE_SAMPLES are credited). A relay whose median rate reaches it scores
-        Speed 100: one as fast as most of its peers is not ranked by measurement noise."""
-        if len(self.relay_rates) < PEER_RATE_SAMPLES:
-            return self.bw_hat()
-        return statistics.quantiles(self.relay_rates, n=4, method="inclusive")[0]
+        """What Speed is measured against (RateCredits.reference_bps; Bw_hat until measured)."""
+        return self.credits.reference_bps(self.bw_hat())
 
     def relay_floor(self, worker_id: str, version: int, parent_id: str | None) -> float | None:
         """The rate floor (bytes/s) of a route: below it the receiver reports its relay `slow`.
@@ -241,9 +211,7 @@ class BroadcastState:
                 self.receiving.pop(v, None)
                 self.slow_reported.pop(v, None)
                 self.ledger.forget(v)
-                self.relay_credited = {k for k in self.relay_credited if k[0] != v}
-                self.received_bps = {k: r for k, r in self.received_bps.items() if k[0] != v}
-                self.held = {k: c for k, c in self.held.items() if k[0] != v}
+                self.credits.forget(v)
 
     # ------------------------------------------------------------------ routing
     def route(
@@ -367,48 +335,12 @@ class BroadcastState:
             self._credit(version, self.ledger.sent(key, nbytes, seconds, size=len(blob.data), now=now), now)
 
     def _credit(self, version: int, credit: Credit | None, now: float) -> None:
-        """Count an agreed transfer: the learner's (timed by the coordinator itself) at once; a
-        relay's once its own receipt of the version is credited (held until then)."""
-        if credit is None:
-            return
-        parent = credit.parent_id
-        if parent is not None and (version, parent) not in self.received_bps:
-            held = self.held.setdefault((version, parent), [])
-            if len(held) < MAX_HELD:
-                held.append((credit, now))
-            return
-        ready = [(credit, now)]
-        while ready:  # a chain's held transfers, down the chain
-            credit, at = ready.pop()
-            if self._count(version, credit, at):
-                ready.extend(self.held.pop((version, credit.receiver_id), ()))
+        """Count an agreed transfer (RateCredits.credit); each credited relay transfer also
+        counts in that relay's score."""
+        self.credits.credit(version, credit, now, record=self._record)
 
-    def _count(self, version: int, credit: Credit, now: float) -> bool:
-        """A relay forwards a version as it receives it, so its rate is capped at the rate its own
-        receipt was credited at (the learner's streams are timed by the coordinator; a relay's are
-        capped so in turn): a pair confirming each other's invented transfers is credited at most
-        at the rate an honest link upstream, or the learner, was measured at. The receiver's rate
-        is noted (True: its first, so the transfers it served, held, may be counted); each relay
-        earns one credit per version, its rate clipped (CLIP) for the medians."""
-        parent, receiver = credit.parent_id, credit.receiver_id
-        rate = credit.bytes / credit.seconds if credit.bytes > 0 else None
-        if rate is not None and parent is not None:
-            rate = min(rate, self.received_bps[(version, parent)])
-        first_receipt = rate is not None and (version, receiver) not in self.received_bps
-        if rate is not None:
-            self.received_bps[(version, receiver)] = max(
-                rate, self.received_bps.get((version, receiver), 0.0)
-            )
-        if parent is None or (version, parent) not in self.relay_credited:
-            if parent is not None:
-                self.relay_credited.add((version, parent))
-            if rate is not None:
-                self.rates.append(clip(rate, self.rates))
-            if parent is not None:
-                self._stats(parent).record_transfer(credit.bytes, credit.bytes / rate if rate else 0.0, now)
-                if rate is not None:
-                    self.relay_rates.append(clip(rate, self.relay_rates))
-        return first_receipt
+    def _record(self, parent: str, nbytes: int, seconds: float, now: float) -> None:
+        self._stats(parent).record_transfer(nbytes, seconds, now)
 
     def note_version(self, worker_id: str, version: int, now: float) -> bool:
         """The worker runs `version` (and so no longer receives any version up to it). False (and
