@@ -3,8 +3,9 @@ held-out accuracy (mean of the last 3 evaluations) with its 95% t-interval over 
 against lag 0 paired by seed (the same seed: the same initial model, prompt stream and held-out set),
 worded by the intervals alone.
 
-    python bench/staleness_report.py docs/bench/staleness_powered.json \\
-        --json docs/bench/staleness_powered_report.json --md docs/bench/staleness_powered_report.md
+    python bench/staleness_report.py docs/bench/staleness_powered.json --json \\
+        docs/bench/staleness_powered_arms.json --md docs/bench/staleness_powered_arms.md \\
+        --plot docs/staleness_powered_arms.png
 
 A comparison lag k - lag 0 is
 - "lower" / "higher" when its 95% interval excludes 0;
@@ -101,6 +102,64 @@ def report(rows: list[dict], margin: float = MARGIN) -> dict:
     return {"measure": MEASURE, "margin": margin, "arms": table, "comparisons": comparisons, "power": power}
 
 
+def curves(rows: list[dict]) -> dict[str, dict]:
+    """Per arm, held-out accuracy at each evaluation step: mean and 95% t-interval over the seeds
+    (steps where at least 2 seeds have an evaluation)."""
+    out = {}
+    for lag, correction in ARMS:
+        runs = [
+            r["curve"] for r in rows if r.get("lag") == lag and r["correction"] == correction and "curve" in r
+        ]
+        steps = sorted({s for c in runs for s in c["eval_step"]})
+        series = {"step": [], "mean": [], "low": [], "high": [], "n": []}
+        for step in steps:
+            values = [c["eval_accuracy"][c["eval_step"].index(step)] for c in runs if step in c["eval_step"]]
+            if len(values) >= 2:
+                iv = mean_ci(values)
+                for k, v in zip(
+                    ("step", "mean", "low", "high", "n"),
+                    (step, iv.estimate, iv.low, iv.high, len(values)),
+                    strict=True,
+                ):
+                    series[k].append(v)
+        out[arm_name(lag, correction)] = series
+    return out
+
+
+def plot(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"lag 0 clip": "black", "lag 4 clip": "tab:orange", "lag 8 clip": "tab:red",
+               "lag 4 dual_clip": "tab:olive", "lag 8 dual_clip": "tab:purple"}  # fmt: skip
+    fig, (ax_c, ax_a) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, c in rep["curves"].items():
+        if not c["step"]:
+            continue
+        style = "--" if "dual" in name else "-"
+        ax_c.plot(
+            c["step"], c["mean"], style, marker="o", color=colours[name], label=f"{name} (n = {max(c['n'])})"
+        )
+        ax_c.fill_between(c["step"], c["low"], c["high"], color=colours[name], alpha=0.12)
+    ax_c.set(xlabel="learner step", ylabel="held-out greedy accuracy",
+             title="held-out accuracy per arm: mean and 95% CI over seeds")  # fmt: skip
+    ax_c.legend(fontsize=7, loc="lower right")
+    ax_c.set_ylim(0, 1)
+    arms = [a for a in rep["arms"] if a.get("ci95")]
+    for i, a in enumerate(arms):
+        ax_a.errorbar([i], [a["mean"]], yerr=[[a["mean"] - a["ci95"][0]], [a["ci95"][1] - a["mean"]]],
+                      fmt="o", color=colours[a["arm"]], capsize=4)  # fmt: skip
+        ax_a.scatter([i + 0.15] * a["n"], a["values"], color=colours[a["arm"]], s=10, alpha=0.6)
+    ax_a.set_xticks(range(len(arms)), [f"{a['arm']}\nn = {a['n']}" for a in arms], fontsize=7)
+    ax_a.set(ylabel="held-out accuracy, mean of the last 3 evaluations", title="per arm: mean, 95% CI, seeds")
+    ax_a.set_ylim(0, 1)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def markdown(rep: dict) -> str:
     def f(x, d=3):
         return "" if x is None else f"{x:+.{d}f}" if x < 0 or x > 0 else f"{x:.{d}f}"
@@ -125,16 +184,21 @@ def markdown(rep: dict) -> str:
         paired = f"{f(c['diff'])} [{f(c['ci95'][0])}, {f(c['ci95'][1])}]" if "diff" in c else ""
         welch = (f"{f(c['welch_diff'])} [{f(c['welch_ci95'][0])}, {f(c['welch_ci95'][1])}]"
                  if "welch_diff" in c else "")  # fmt: skip
-        lines.append(f"| {c['a']} - {c['b']} | {c['n_pairs']} | {paired} | {c.get('verdict', '')} | {welch} |")
+        lines.append(
+            f"| {c['a']} - {c['b']} | {c['n_pairs']} | {paired} | {c.get('verdict', '')} | {welch} |"
+        )
     p = rep.get("power")
     if p:
         lines += [
             "",
             f"Pooled within-arm SD {p['pooled_sd']:.3f} (df {p['df']}); unpaired, 80% power at alpha 0.05 "
             f"needs {p['seeds_per_arm_for_0.10']} seeds per arm for a 0.10 gap; with "
-            + (f"{p['n_smallest_arm']} in the smallest arm the detectable gap is "
-               f"{p['detectable_gap_two_sample_at_n']:.3f} (the paired comparisons, blocked by seed, can do better)."
-               if p["detectable_gap_two_sample_at_n"] else "one seed in the smallest arm no gap is detectable."),
+            + (
+                f"{p['n_smallest_arm']} in the smallest arm the detectable gap is "
+                f"{p['detectable_gap_two_sample_at_n']:.3f} (the paired comparisons, blocked by seed, can do better)."
+                if p["detectable_gap_two_sample_at_n"]
+                else "one seed in the smallest arm no gap is detectable."
+            ),
         ]
     return "\n".join(lines) + "\n"
 
@@ -145,10 +209,14 @@ def main() -> None:
     p.add_argument("--margin", type=float, default=MARGIN)
     p.add_argument("--json")
     p.add_argument("--md")
+    p.add_argument("--plot", help="a PNG: per-arm held-out curves and last-3 means with their intervals")
     args = p.parse_args()
     rows = [r for f in args.results for r in json.loads(Path(f).read_text())["rows"]]
     rep = report(rows, args.margin)
+    rep["curves"] = curves(rows)
     rep["sources"] = args.results
+    if args.plot:
+        plot(rep, Path(args.plot))
     text = markdown(rep)
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=1) + "\n")

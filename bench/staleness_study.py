@@ -114,19 +114,23 @@ def command(row: dict, args, run_dir: Path) -> list[str]:
         cmd += [f"--workers={row['workers']}", f"--learner.staleness={row['staleness']}"]
     else:
         cmd += [f"--rollout.lag={row['lag']}", f"--learner.staleness={row['lag']}"]
-    return cmd + [f"--{kv}" for kv in args.set] + [
-        f"--learner.correction={row['correction']}",
-        f"--run.seed={row['seed']}",
-        f"--learner.steps={args.steps}",
-        f"--learner.lr={args.lr}",
-        f"--rollout.prompts_per_step={args.prompts_per_step}",
-        f"--rollout.group_size={args.group_size}",
-        f"--run.eval_size={args.eval_size}",
-        f"--run.eval_every={args.eval_every}",
-        f"--run.threads={args.threads}",
-        f"--run.dir={run_dir}",
-        "-q",
-    ]
+    return (
+        cmd
+        + [f"--{kv}" for kv in args.set]
+        + [
+            f"--learner.correction={row['correction']}",
+            f"--run.seed={row['seed']}",
+            f"--learner.steps={args.steps}",
+            f"--learner.lr={args.lr}",
+            f"--rollout.prompts_per_step={args.prompts_per_step}",
+            f"--rollout.group_size={args.group_size}",
+            f"--run.eval_size={args.eval_size}",
+            f"--run.eval_every={args.eval_every}",
+            f"--run.threads={args.threads}",
+            f"--run.dir={run_dir}",
+            "-q",
+        ]
+    )
 
 
 def summarise(row: dict, run_dir: Path, wall_s: float, cmd: list[str]) -> dict:

@@ -35,7 +35,13 @@ def test_packs_while_running_and_stops_the_rest_at_the_limit(tmp_path):
     fake.chmod(0o755)
     log, pack, work = tmp_path / "calls.log", tmp_path / "out" / "results.tgz", tmp_path / "work"
     pack.parent.mkdir()
-    env = {**os.environ, "ECHO2_PYTHON": str(fake), "FAKE_LOG": str(log), "PACK": str(pack), "POKER_STEPS": "12"}
+    env = {
+        **os.environ,
+        "ECHO2_PYTHON": str(fake),
+        "FAKE_LOG": str(log),
+        "PACK": str(pack),
+        "POKER_STEPS": "12",
+    }
     start = time.monotonic()
     done = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu_studies.sh"), str(work), "4", "0 1"],

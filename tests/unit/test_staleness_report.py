@@ -22,7 +22,13 @@ def sr(monkeypatch):
 
 def rows(arm: dict[tuple[int, str], list[float]]) -> list[dict]:
     return [
-        {"lag": lag, "correction": c, "seed": s, "accuracy_last3": v, "name": f"lag={lag},correction={c},seed={s}"}
+        {
+            "lag": lag,
+            "correction": c,
+            "seed": s,
+            "accuracy_last3": v,
+            "name": f"lag={lag},correction={c},seed={s}",
+        }
         for (lag, c), values in arm.items()
         for s, v in enumerate(values)
     ]
@@ -46,7 +52,12 @@ def test_arm_means_and_a_paired_difference_worked_by_hand(sr):
 
 @pytest.mark.parametrize(
     ("low", "high", "expected"),
-    [(0.01, 0.2, "higher"), (-0.2, -0.01, "lower"), (-0.05, 0.03, "costs at most 0.10"), (-0.3, 0.1, "not resolved")],
+    [
+        (0.01, 0.2, "higher"),
+        (-0.2, -0.01, "lower"),
+        (-0.05, 0.03, "costs at most 0.10"),
+        (-0.3, 0.1, "not resolved"),
+    ],
 )
 def test_verdict_rules(sr, low, high, expected):
     assert sr.verdict(low, high, 0.10) == expected
@@ -60,20 +71,48 @@ def test_only_seeds_in_both_arms_are_paired(sr):
 
 def test_command_line_writes_json_and_markdown(tmp_path):
     src = tmp_path / "rows.json"
-    src.write_text(json.dumps({"settings": {}, "rows": rows({(0, "clip"): [0.8, 0.7], (8, "clip"): [0.7, 0.75]})}))
-    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    src.write_text(
+        json.dumps({"settings": {}, "rows": rows({(0, "clip"): [0.8, 0.7], (8, "clip"): [0.7, 0.75]})})
+    )
+    out_json, out_md, png = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png"
     subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "staleness_report.py"), str(src), "--json", str(out_json), "--md", str(out_md)],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "staleness_report.py"),
+            str(src),
+            "--json",
+            str(out_json),
+            "--md",
+            str(out_md),
+            "--plot",
+            str(png),
+        ],
         check=True,
         capture_output=True,
     )
     assert json.loads(out_json.read_text())["arms"][0]["n"] == 2
     assert "| lag 8 clip - lag 0 clip | 2 |" in out_md.read_text()
+    assert png.stat().st_size > 0
+
+
+def test_curves_average_the_seeds_at_each_evaluation(sr):
+    curve = lambda acc: {"eval_step": [0, 8, 16], "eval_accuracy": acc}  # noqa: E731
+    rs = [
+        {"lag": 0, "correction": "clip", "seed": 0, "curve": curve([0.4, 0.6, 0.8])},
+        {"lag": 0, "correction": "clip", "seed": 1, "curve": curve([0.4, 0.8, 0.6])},
+        {"lag": 8, "correction": "clip", "seed": 0, "curve": curve([0.4, 0.5, 0.5])},  # one seed: no curve
+    ]
+    c = sr.curves(rs)
+    assert c["lag 0 clip"]["step"] == [0, 8, 16] and c["lag 0 clip"]["mean"] == pytest.approx([0.4, 0.7, 0.7])
+    assert c["lag 0 clip"]["low"][0] == pytest.approx(0.4) and c["lag 8 clip"]["step"] == []
 
 
 def _study(tmp_path, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "staleness_study.py"), *args], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, str(ROOT / "bench" / "staleness_study.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
 
 
@@ -92,9 +131,13 @@ def test_study_merge_joins_files_and_refuses_a_row_twice_or_other_settings(tmp_p
     assert [r["name"] for r in merged["rows"]] == [r["name"] for r in a + b]
     assert (tmp_path / "m.png").stat().st_size > 0 and "| `" in (tmp_path / "m.md").read_text()
 
-    twice = _study(tmp_path, "--merge", "a.json", "a.json", "--json", "t.json", "--table", "t.md", "--plot", "t.png")
+    twice = _study(
+        tmp_path, "--merge", "a.json", "a.json", "--json", "t.json", "--table", "t.md", "--plot", "t.png"
+    )
     assert twice.returncode != 0 and "in two files" in twice.stderr and not (tmp_path / "t.json").exists()
     other = {**study["settings"], "steps": 14}
     (tmp_path / "c.json").write_text(json.dumps({"settings": other, "rows": b}))
-    mixed = _study(tmp_path, "--merge", "a.json", "c.json", "--json", "x.json", "--table", "x.md", "--plot", "x.png")
+    mixed = _study(
+        tmp_path, "--merge", "a.json", "c.json", "--json", "x.json", "--table", "x.md", "--plot", "x.png"
+    )
     assert mixed.returncode != 0 and "other settings" in mixed.stderr and not (tmp_path / "x.json").exists()
