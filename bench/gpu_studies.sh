@@ -9,7 +9,8 @@
 #  - poker: the initial model of configs/poker.toml, and 3 training seeds of it (12 steps, as written)
 #    and of a 48-step variant, each checkpoint played greedily on the same 1,000 held-out deals against
 #    call_station and rule_based (bench/poker_eval.py): WORK/poker/LABEL/hands/*.jsonl.gz, runs.json.
-# After SECONDS (default 540) whatever still runs is stopped; WORK/results.tgz (everything but model
+# After SECONDS (default 540; a pack can overrun it by its own time, so leave the caller a margin)
+# whatever still runs is stopped; WORK/results.tgz (everything but model
 # weights; PACK=FILE puts it elsewhere, such as a folder a caller reads back) is rewritten every 20 s and
 # at the end, so a study cut short is still read back.
 # PARTS="staleness poker" (the default) picks the studies.
@@ -34,6 +35,8 @@ parts="${PARTS:-staleness poker}"
 for k in $seeds; do  # one staleness instance per seed
   sets=()
   for kv in "${gpu[@]}"; do sets+=(--set "${kv#--}"); done
+  sets+=(--set run.checkpoint_every=0)  # one checkpoint a row, at its end (dropped): 8 rows at once
+  # writing 1.6 GB every 10 steps slowed the packing to 40 s a time on 2026-12-04
   setsid "$py" bench/staleness_study.py --grid powered --only "seed=$k" "${sets[@]}" --drop-checkpoints \
     ${STEPS:+--steps $STEPS} --runs "$work/runs/staleness" --json "$work/staleness/seed$k.json" \
     --table "$work/staleness/seed$k.md" --plot "$work/staleness/seed$k.png" > "$work/logs/staleness_seed$k.log" 2>&1 &
