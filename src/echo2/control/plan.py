@@ -87,18 +87,19 @@ STUDIED_STALENESS = 8
 """The largest rollout lag the staleness study measured (docs/staleness.md: lag 0-8 on the
 quickstart task; the paper reports S = 11 unstable)."""
 STUDIED_RESOLUTION = (
-    "2 seeds per arm resolve no gap under about 0.3 in held-out accuracy (lag 8 - lag 0 with clip: "
-    "+0.04, 95% interval [-0.87, +0.94]), so a loss from staleness is neither shown nor ruled out"
+    "6 seeds per arm bound the cost at 0.10 in held-out accuracy (lag 8 - lag 0 with clip: -0.023, "
+    "95% interval [-0.087, +0.042]; lag 4: +0.010 [-0.032, +0.051]); a loss up to about 0.09 at S = 8 "
+    "is not ruled out"
 )
-"""What the study's intervals support (bench/stats.py: Welch interval over the pilot's seeds, and the
-smallest gap 2 seeds per arm detect at 80% power from the pooled SD 0.057)."""
+"""What the powered study's intervals support (bench/staleness_report.py: paired by seed, 6 seeds per
+`clip` arm, 48 steps on the quickstart task)."""
 
 
 def staleness_note(staleness: int) -> str:
     """What the staleness study says of S (printed by `echo2 plan`)."""
     if staleness <= STUDIED_STALENESS:
         return (
-            f"S = {staleness} is inside the lags measured (<= {STUDIED_STALENESS}), but "
+            f"S = {staleness} is inside the lags measured (<= {STUDIED_STALENESS}): "
             f"{STUDIED_RESOLUTION}; docs/staleness.md"
         )
     return (
