@@ -249,6 +249,9 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
                 f"({after['eval/count']:.0f} episodes); malformed actions "
                 f"{before['eval/malformed_frac']:.3f} -> {after['eval/malformed_frac']:.3f}"
             )
+    from echo2.learning import distributed
+
+    distributed.leave(0)  # a torchrun rank ends here, past the interpreter's teardown (see there)
     return 0
 
 

@@ -232,3 +232,28 @@ def test_bf16_step_on_cuda_matches_the_cpu_step(tiny):
     assert all(p.is_cuda and p.dtype == torch.float32 and torch.isfinite(p).all() for p in params)
     assert abs(s16["train/loss"] - s32["train/loss"]) < 0.02
     assert abs(s16["train/ratio_mean"] - 1) < 0.02
+
+
+def test_a_torchrun_rank_leaves_past_teardown_and_loses_no_output(tmp_path):
+    """distributed.leave: a rank that joined a process group ends with its code, its log and an
+    unterminated stdout line flushed, and no interpreter teardown (an atexit handler does not run:
+    gloo's worker threads cannot abort it); in a process that never joined it returns."""
+    import subprocess
+    import sys
+
+    distributed.leave(3)  # this process never joined: a no-op
+    script = (
+        "import atexit, logging, sys\n"
+        "from echo2.learning import distributed\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "atexit.register(lambda: print('teardown ran', file=sys.stderr))\n"
+        "distributed._joined = True  # as start() sets it under torchrun\n"
+        "logging.getLogger('echo2').warning('logged')\n"
+        "print('no newline', end='')\n"
+        "distributed.leave(3)\n"
+        "print('after leave')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == "no newline"
+    assert "logged" in done.stderr and "teardown ran" not in done.stderr

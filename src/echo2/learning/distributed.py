@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
 from typing import Any
@@ -30,6 +31,7 @@ import torch.distributed as dist
 logger = logging.getLogger(__name__)
 
 FOLLOWER_PATIENCE = datetime.timedelta(hours=6)
+_joined = False  # this process joined torchrun's process group (start)
 
 
 class Order(StrEnum):
@@ -60,6 +62,8 @@ def start(device: torch.device) -> int:
         # Followers wait in a broadcast while rank 0 evaluates or waits for workers' rollouts, which
         # can outlast the default 10-30 min collective timeout.
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=FOLLOWER_PATIENCE)
+        global _joined
+        _joined = True
         logger.info("rank %d of %d joined (%s)", rank(), world_size(), dist.get_backend())
     return rank()
 
@@ -69,6 +73,29 @@ def stop() -> None:
         if rank() == 0:
             lead(Order.STOP)
         dist.destroy_process_group()
+
+
+def leave(code: int) -> None:
+    """End a torchrun rank now, without interpreter finalization: flush the logs and the standard
+    streams, then `os._exit(code)`. Nothing in a process that never joined a process group (one
+    process, the tests, the Python API), so the caller goes on to return `code` as usual.
+
+    Why: gloo's backend has no `shutdown` (ProcessGroupGloo.hpp does not override c10d's no-op
+    `Backend::shutdown`, torch 2.13), so `destroy_process_group` only drops Python's references;
+    the group's worker threads live on while anything (FSDP2's DeviceMesh) still holds it. A worker
+    drops its finished work (`workInProgress_`) after the caller has returned, and releasing the
+    last reference to a tensor that Python created takes the GIL. If that happens while the
+    interpreter is finalizing, CPython ends the thread inside a noexcept destructor and the rank
+    aborts ("terminate called without an active exception", SIGABRT) after a run that finished
+    (seen once in CI on tests/e2e/test_fsdp.py's two-rank run; pytorch/pytorch#179291, an atexit
+    destroy, was abandoned, and destroying would not stop the threads anyway). Everything a run
+    writes is closed by then: metrics, checkpoints, the tracker, summary.json."""
+    if not _joined:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> None:
