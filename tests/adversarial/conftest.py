@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from hostile import Door, HostileWorker, open_door
 
-from echo2.control import coordinator
+from echo2.control import longpoll
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def mallory(door: Door) -> HostileWorker:
 @pytest.fixture
 def fdoor(monkeypatch: pytest.MonkeyPatch):
     """A door that quarantines no one, whose long polls last 50 ms at most."""
-    monkeypatch.setattr(coordinator, "LONG_POLL_MAX", 0.05)
+    monkeypatch.setattr(longpoll, "LONG_POLL_MAX", 0.05)
     d = open_door(quarantine_after=10**9)
     yield d
     d.close()

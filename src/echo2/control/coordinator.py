@@ -2,10 +2,10 @@
 
 Owns the transport only: authentication (the run token admits new workers; every call made as a
 worker must carry that worker's own credential, issued at registration), the body-size cap, the
-workers' calls (register, heartbeat, lease, push), the long poll for publications, the status, and
-the server's thread. A push's sender (its credential, its quarantine) and its declared size are
-checked from the headers before a byte of its body is read; a refused body is not drained (the
-connection closes). The connections are capped (MAX_CONNECTIONS) and an idle one, or one still
+workers' calls (register, heartbeat, lease, push), the status, and the server's thread (the long
+poll for publications is a `PublishedPoll`, longpoll.py). A push's sender (its credential, its
+quarantine) and its declared size are checked from the headers before a byte of its body is read;
+a refused body is not drained (the connection closes). The connections are capped (MAX_CONNECTIONS) and an idle one, or one still
 sending its headers, is closed after KEEPALIVE_S. What blocks (a push's parse, door and referee,
 the state's lock) runs off the event loop: a push on `ingest_pool` (one at a time, so a burst of
 large pushes queues instead of contending; a large body is parsed in a process of its own,
@@ -26,7 +26,6 @@ import gc
 import hmac
 import json
 import logging
-import math
 import ssl
 import sys
 import threading
@@ -36,8 +35,9 @@ from typing import Any
 from aiohttp import web
 
 from echo2.control import errors, identity, prom, status_page, validate
-from echo2.control.errors import Forbidden, Unauthorized, Unreadable
+from echo2.control.errors import Forbidden, Unauthorized
 from echo2.control.http import WORKER, capped, guard, read_body, read_raw, refusal
+from echo2.control.longpoll import PublishedPoll
 from echo2.control.prom import exposition
 from echo2.control.protocol import (
     API,
@@ -56,7 +56,6 @@ from echo2.control.state import CoordinatorState
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 2**20
-LONG_POLL_MAX = 25.0
 MAX_CONNECTIONS = 4096
 """Open connections served at once; one more is closed as soon as it is accepted."""
 KEEPALIVE_S = 15.0
@@ -103,8 +102,8 @@ class Coordinator:
         self.snapshots = SnapshotRoutes(state.publisher, uplink_bps=uplink_bps, stream_bps=stream_bps)
         self.snapshots.on_wrong_snapshot = state.intake.install_refused
         """The learner's end of snapshot broadcast (snapshot_routes.py)."""
-        self._published: asyncio.Event | None = None
-        self._stopping = False
+        self.poll = PublishedPoll(state)
+        """The long poll for publications (longpoll.py)."""
         self.state = state
         self.token = token
         self.run_info = run_info if isinstance(run_info, RunView) else RunView.model_validate(run_info)
@@ -146,7 +145,7 @@ class Coordinator:
                 web.post(f"{API}/lease", self.lease, name="lease"),
                 web.post(f"{API}/lease/return", self.return_lease, name="return_lease"),
                 web.post(f"{API}/trajectories", self.push, name="push"),
-                web.get(f"{API}/published", self.published),
+                web.get(f"{API}/published", self.poll.handler),
                 *self.snapshots.routes(),
                 web.get("/status", self.status),
                 web.get("/metrics", self.metrics),
@@ -281,40 +280,6 @@ class Coordinator:
         refereed = self.state.intake.referee_unlocked(worker_id, lease_id, records)
         return self.state.intake.ingest(worker_id, lease_id, records, refereed=refereed)
 
-    # ------------------------------------------------------------------ snapshot broadcast
-    async def published(self, request: web.Request) -> web.Response:
-        """Long poll: answers as soon as a version newer than `after` is published, or after `wait`."""
-        try:
-            after = int(request.query.get("after", "-1"))
-            wait = float(request.query.get("wait", "20"))
-            if not math.isfinite(wait):
-                raise ValueError
-            wait = min(max(wait, 0.0), LONG_POLL_MAX)
-        except ValueError:
-            raise Unreadable("after must be an integer and wait a number") from None
-        try:
-            shared = self.state.shared
-            async with asyncio.timeout(wait):
-                while shared.published_version <= after and not (shared.closed or self._stopping):
-                    await self._published.wait()
-        except TimeoutError:
-            pass
-        return web.json_response({"version": self.state.shared.published_version})
-
-    def notify_published(self) -> None:
-        """Wake the long polls (called from the learner's thread after each publication)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # the loop is shutting down
-                pass
-
-    def _wake(self) -> None:
-        if self._published is not None:
-            self._published.set()
-            self._published = asyncio.Event()
-
     def full_status(self) -> dict[str, Any]:
         body = self.state.status()
         body.update(self.status_extra())
@@ -361,9 +326,8 @@ class Coordinator:
 
     async def _start(self, host: str, port: int) -> None:
         self.snapshots.start()
-        self._published = asyncio.Event()
-        self._stopping = False
-        self.state.publisher.listeners.append(self.notify_published)
+        self.poll.start()
+        self.state.publisher.listeners.append(self.poll.notify)
         self.ingest_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="coordinator-ingest")
         # lingering_time 0: a refused body is not read to its end; the connection closes instead
         self._runner = web.AppRunner(
@@ -396,10 +360,9 @@ class Coordinator:
                 logger.exception("expiry/scheduling failed; trying again")
 
     async def _stop(self) -> None:
-        self._stopping = True
-        self._wake()  # long polls answer now
-        if self.notify_published in self.state.publisher.listeners:
-            self.state.publisher.listeners.remove(self.notify_published)
+        self.poll.stop()  # long polls answer now
+        if self.poll.notify in self.state.publisher.listeners:
+            self.state.publisher.listeners.remove(self.poll.notify)
         if self._expiry:
             self._expiry.cancel()
         if self._listener:
