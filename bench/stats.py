@@ -9,6 +9,8 @@ of a comparison. Pure: no I/O, numpy and scipy only (scipy is a dependency of ec
 - `paired_ci(a, b)`: mean of a[i] - b[i] (the same deals or prompts played twice) with its t-interval.
 - `welch_ci(a, b)`: mean(a) - mean(b) of two independent samples, Welch's interval
   (unequal variances, Welch-Satterthwaite df).
+- `wilson_ci(k, n)`: a proportion k/n with its Wilson score interval; `newcombe_ci(k1, n1, k2, n2)`:
+  k1/n1 - k2/n2 of two independent proportions, Newcombe's hybrid score interval (his method 10).
 - `power_two_sample(gap, sd, n)`: power of the two-sided two-sample t-test, n per arm, exact
   (noncentral t); `seeds_per_arm(gap, sd)`: the smallest n per arm reaching 80% power at
   alpha = 0.05; `detectable_gap(n, sd)`: the smallest gap that n per arm detects at that power.
@@ -133,6 +135,29 @@ def welch_ci(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> In
     se = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
     est = float(x.mean() - y.mean())
     return _t_interval(est, se, welch_df(x, y), min(len(x), len(y)), level, "Welch t")
+
+
+def wilson_ci(k: int, n: int, level: float = LEVEL) -> Interval:
+    """k/n with the Wilson score interval (Wilson 1927); n = 0 gives [0, 1]."""
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return Interval(0.0, 0.0, 1.0, level, 0, "wilson")
+    z = stats.norm.ppf(0.5 + level / 2)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), level, n, "wilson")
+
+
+def newcombe_ci(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL) -> Interval:
+    """k1/n1 - k2/n2 of two independent proportions, with Newcombe's (1998) hybrid score interval
+    (method 10): each proportion's Wilson interval, combined by square-and-add."""
+    a, b = wilson_ci(k1, n1, level), wilson_ci(k2, n2, level)
+    d = a.estimate - b.estimate
+    low = d - math.sqrt((a.estimate - a.low) ** 2 + (b.high - b.estimate) ** 2)
+    high = d + math.sqrt((a.high - a.estimate) ** 2 + (b.estimate - b.low) ** 2)
+    return Interval(d, low, high, level, n1 + n2, "newcombe")
 
 
 def power_two_sample(gap: float, sd: float, n: int, alpha: float = ALPHA) -> float:

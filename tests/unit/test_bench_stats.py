@@ -163,3 +163,32 @@ def test_word_comparison_end_to_end(st):
     v = st.word_comparison(diff, None, "vLLM", "HF")
     assert not v.resolved and "not resolved" in v.text
     assert not math.isnan(diff.df)
+
+
+@pytest.mark.parametrize(
+    "k, n, low, high",
+    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3
+    [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)],
+)
+def test_wilson_textbook(st, k, n, low, high):
+    iv = st.wilson_ci(k, n)
+    assert iv.estimate == pytest.approx(k / n)
+    assert (iv.low, iv.high) == pytest.approx((low, high), abs=6e-5)
+
+
+@pytest.mark.parametrize(
+    "k1, n1, k2, n2, low, high",
+    # Newcombe (1998), "Interval estimation for the difference between independent proportions",
+    # Table II, method 10 (hybrid score)
+    [(56, 70, 48, 80, 0.0524, 0.3339), (9, 10, 3, 10, 0.1705, 0.8090), (5, 56, 0, 29, -0.0381, 0.1926)],
+)
+def test_newcombe_textbook(st, k1, n1, k2, n2, low, high):
+    iv = st.newcombe_ci(k1, n1, k2, n2)
+    assert iv.estimate == pytest.approx(k1 / n1 - k2 / n2)
+    assert (iv.low, iv.high) == pytest.approx((low, high), abs=6e-5)
+
+
+def test_proportions_refuse_impossible_counts(st):
+    with pytest.raises(ValueError):
+        st.wilson_ci(3, 2)
+    assert (st.wilson_ci(0, 0).low, st.wilson_ci(0, 0).high) == (0.0, 1.0)
