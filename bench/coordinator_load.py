@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 
-from common import run_clients, write_json
+from common import run_clients, start_drainer, write_json
 from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
 from echo2.config import CoordinatorConfig
@@ -368,13 +368,7 @@ def ingest_once(
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
     url = server.start()
     stop = threading.Event()
-
-    def drain() -> None:  # the learner's side: take complete groups as they arrive
-        while not stop.is_set():
-            state.intake.take_groups(1, timeout=0.1)
-
-    drainer = threading.Thread(target=drain, daemon=True)
-    drainer.start()
+    drainer = start_drainer(state.intake, stop)  # the learner's side: take groups as they arrive
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     proc = ctx.Process(

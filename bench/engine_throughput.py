@@ -19,12 +19,11 @@ import statistics
 import time
 
 import torch
-from common import sample_batch, write_json
+from common import sample_batch, smollm2, smollm2_dir, write_json
 
-from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import response_logprobs
-from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.records import Snapshot
 from echo2.rollout.engine import HFEngine
 from echo2.rollout.vllm_engine import VLLMEngine
@@ -61,9 +60,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    mcfg = GGUFModelConfig()
-    tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, vocab_size=len(tok), seed=0)
+    tok, model = smollm2()
     task = make_task(ArithmeticTaskConfig(), seed=0)
     prompts = [task.train_prompt(i) for i in range(args.prompts)]
     rcfg = RolloutConfig(
@@ -79,9 +76,7 @@ def main() -> None:
     del hf
 
     t0 = time.perf_counter()
-    engine = VLLMEngine(
-        gguf_model_dir(mcfg.file, mcfg.cache_dir), tok, rcfg, dtype=args.dtype, threads=args.threads
-    )
+    engine = VLLMEngine(smollm2_dir(), tok, rcfg, dtype=args.dtype, threads=args.threads)
     out["vllm_start_s"] = time.perf_counter() - t0
     out["vllm_tokens_per_s"], groups = tokens_per_s(engine, prompts, n=args.n, repeats=args.repeats)
     out["vllm_max_abs_log_ratio"] = max_log_ratio(model, tok, groups, args.temperature)

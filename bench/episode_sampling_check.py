@@ -20,14 +20,13 @@ import json
 import time
 
 import torch
-from common import margin_stats
+from common import margin_stats, smollm2
 
-from echo2.config import EnvTaskConfig, GGUFModelConfig, RolloutConfig
+from echo2.config import EnvTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import response_logits
 from echo2.learning.verify import sampling_check
-from echo2.models import load_model, load_tokenizer
 from echo2.rollout import sampling
 from echo2.rollout.collect import collect
 from echo2.rollout.engine import HFEngine
@@ -47,9 +46,8 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    mcfg = GGUFModelConfig()
-    tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
+    tok, model = smollm2()
+    model.eval()
     task = make_task(
         EnvTaskConfig(env=f"poker:heads_up?opponent={args.opponent}", max_turns=4, max_tokens=800), seed=0
     )

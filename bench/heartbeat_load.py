@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 
-from common import write_json
+from common import start_drainer, write_json
 from coordinator_load import GROUP, TOKEN, honest_groups, pct
 from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
@@ -208,13 +208,7 @@ def run_once(scenario: str, groups: list[dict], vocab_size: int, args: argparse.
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
     url = server.start()
     stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():
-            state.intake.take_groups(1, timeout=0.1)
-
-    drainer = threading.Thread(target=drain, daemon=True)
-    drainer.start()
+    drainer = start_drainer(state.intake, stop)  # the learner's side: take groups as they arrive
     ctx = mp.get_context("spawn")
     ready, beats, pushed, go = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
     load = ctx.Process(

