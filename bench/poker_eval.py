@@ -19,14 +19,8 @@ Every policy plays as the learner's evaluation does: at most `task.max_turns` de
 (configs/poker.toml: 2), then the env's default actions (check if possible, else fold) finish the
 hand. The model plays through `echo2.rollout.episodes.play` (greedy, batches of `run.eval_batch_size`,
 the engine the learner evaluates with), so its numbers are the learner's `eval/*` on these deals. The
-fixed baselines answer with a well-formed `<answer>...</answer>` through the same env parser:
-- `fold_check`: check when free, else fold (the env's rule for a malformed reply);
-- `check_call`: always check or call;
-- `random`: a uniform legal action kind (fold only facing a bet), a raise to a uniform legal size,
-  seeded per deal;
-- `hand_strength`: preflop raises with a pair or two cards ten or higher (to 3 BB, or three times
-  the bet it faces), else checks or folds; postflop bets half the pot with a pair or better (calls a
-  bet with it), else checks or folds.
+fixed baselines (`fold_check`, `check_call`, `random` seeded per deal, `hand_strength`; the rules in
+bench/poker_baselines.py) answer with a well-formed `<answer>...</answer>` through the same env parser.
 
 Per hand (docs/bench/poker/hands/POLICY__OPPONENT.jsonl.gz): deal index and seed, seat, chip result
 in BB (without penalties), return (with them), whether a reply was malformed, the policy's decisions
@@ -49,51 +43,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from poker_baselines import BASELINES, baseline_reply
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench" / "poker"
-BASELINES = ("fold_check", "check_call", "random", "hand_strength")
 CATEGORIES = ("fold", "check", "call", "raise", "malformed")
-RANKS = "23456789TJQKA"
 TRAIN_CHECK_SEEDS, TRAIN_CHECK_INDICES = 10, 100_000
 
 
 # ---------------------------------------------------------------------------- pure parts
-def made_hand(hole: list[str], board: list[str]) -> bool:
-    """A pair or better from hole + board ("Ah", "Td", ...): a repeated rank, a flush or a straight.
-    (A pair on the board alone counts, as pokerkit's hand label counts it.)"""
-    cards = hole + board
-    ranks = [RANKS.index(c[0]) for c in cards]
-    if max(Counter(ranks).values()) >= 2 or max(Counter(c[1] for c in cards).values()) >= 5:
-        return True
-    present = set(ranks) | ({-1} if 12 in ranks else set())  # the ace plays low too
-    return any(all(r + k in present for k in range(5)) for r in range(-1, 9))
-
-
-def hand_strength_action(
-    hole: list[str],
-    board: list[str],
-    *,
-    to_call: float,
-    pot: float,
-    max_bet: float,
-    can_raise: bool,
-) -> str:
-    """The hand-strength rule's reply (amounts in BB; `max_bet` is the largest bet this street, the
-    raise is clamped into the legal range by the env's parser)."""
-    if not board:
-        ranks = sorted((RANKS.index(c[0]) for c in hole), reverse=True)
-        if (ranks[0] == ranks[1] or ranks[1] >= RANKS.index("T")) and can_raise:
-            return f"raise {max(3.0, 3 * max_bet):g}"
-        if ranks[0] == ranks[1] or ranks[1] >= RANKS.index("T"):
-            return "call" if to_call else "check"
-        return "fold" if to_call else "check"
-    if made_hand(hole, board):
-        if to_call:
-            return "call"
-        return f"raise {max(1.0, pot / 2):g}" if can_raise else "check"
-    return "fold" if to_call else "check"
-
-
 def category(applied: str, malformed: bool) -> str:
     """A decision's histogram bin from the env's log entry ("you raise to 3" -> "raise")."""
     if malformed:
@@ -203,39 +161,6 @@ def hand_row(env: Recorded, *, index: int, seed: int, ret: float, truncated: boo
     if replies:
         row["replies"] = env.replies
     return row
-
-
-# ---------------------------------------------------------------------------- the baselines
-def baseline_reply(policy: str, env, rng: random.Random) -> str:
-    from echo2.envs.poker import BB
-
-    s = env.state
-    to_call = (s.checking_or_calling_amount or 0) / BB
-    can_raise = s.can_complete_bet_or_raise_to()
-    if policy == "fold_check":
-        word = "fold" if to_call else "check"
-    elif policy == "check_call":
-        word = "call" if to_call else "check"
-    elif policy == "random":
-        options = (["fold", "call"] if to_call else ["check"]) + (["raise"] if can_raise else [])
-        word = rng.choice(options)
-        if word == "raise":
-            low = s.min_completion_betting_or_raising_to_amount
-            high = s.max_completion_betting_or_raising_to_amount
-            word = f"raise {rng.randint(low, high) / BB:g}"
-    elif policy == "hand_strength":
-        me = env.agent
-        word = hand_strength_action(
-            [f"{c.rank}{c.suit}" for c in s.hole_cards[me]],
-            [f"{c.rank}{c.suit}" for cards in s.board_cards for c in cards],
-            to_call=to_call,
-            pot=s.total_pot_amount / BB,
-            max_bet=max(s.bets) / BB,
-            can_raise=can_raise,
-        )
-    else:
-        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(BASELINES)})")
-    return f"<answer>{word}</answer>"
 
 
 def play_baseline(

@@ -29,11 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-
-def strong(hole: list[str]) -> bool:
-    ranks = "23456789TJQKA"
-    a, b = sorted((ranks.index(c[0]) for c in hole), reverse=True)
-    return a == b or b >= ranks.index("T")
+from poker_baselines import strong_preflop
 
 
 def hole_cards(seed: int, opponent: str) -> tuple[list[str], bool]:
@@ -52,7 +48,7 @@ def cell(rows: list[dict], opponent: str) -> dict:
     counts = {f"{what}_{s}": 0 for what in ("n", "raise", "facing", "fold") for s in ("strong", "weak")}
     for row in rows:
         cards, facing = hole_cards(row["seed"], opponent)
-        s = "strong" if strong(cards) else "weak"
+        s = "strong" if strong_preflop(cards) else "weak"
         first = row["decisions"][0]["cat"]
         counts[f"n_{s}"] += 1
         counts[f"raise_{s}"] += first == "raise"
@@ -94,7 +90,7 @@ def run_deals(run_dir: Path) -> list[dict]:
     return [
         {
             "step": step,
-            "strong": strong([cards[:2], cards[2:]]),
+            "strong": strong_preflop([cards[:2], cards[2:]]),
             "raise": a.count("raise") / len(a),
             "episodes": len(a),
             "actions": {k: a.count(k) for k in ACTIONS},

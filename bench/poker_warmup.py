@@ -2,7 +2,7 @@
 that GRPO starts from a model that names legal actions of every kind instead of one that repeats
 the observation (every untrained reply is malformed, docs/tasks.md).
 
-The targets are the `random` baseline's replies (bench/poker_eval.py: a uniform legal action kind,
+The targets are the `random` baseline's replies (bench/poker_baselines.py: a uniform legal action kind,
 fold only facing a bet, a raise to a uniform legal size) at each deal's first decision, on training
 deals only: deal k of warm-up seed s is the initial state of `stable_id("env-warmup", s, k)`, a
 seed space apart from both the learner's training and held-out deals (checked). The context is the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 def warmup_examples(config, tokenizer, deals: int, seed: int) -> list[tuple[list[int], list[int]]]:
     """(context ids, reply ids) for the first decision of `deals` warm-up deals."""
-    from poker_eval import baseline_reply
+    from poker_baselines import baseline_reply
 
     from echo2.data.tasks import make_task
     from echo2.data.tasks.base import stable_id

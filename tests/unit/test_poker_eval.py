@@ -1,6 +1,7 @@
-"""bench/poker_eval.py's pure parts (issue 23, "Evidence that holds"): the hand-strength rule, the
-decision histogram, the paired difference over the same deals; and, where pokerkit is installed,
-that the always-fold/check baseline is exactly the env's rule for a malformed reply."""
+"""bench/poker_eval.py's and bench/poker_baselines.py's pure parts (issue 23, "Evidence that holds"):
+the hand-strength rule and its preflop split, the decision histogram, the paired difference over the
+same deals; and, where pokerkit is installed, that the always-fold/check baseline is exactly the
+env's rule for a malformed reply."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def pe(monkeypatch):
     return importlib.import_module("poker_eval")
 
 
+@pytest.fixture
+def pb(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module("poker_baselines")
+
+
 @pytest.mark.parametrize(
     ("hole", "board", "made"),
     [
@@ -32,12 +39,26 @@ def pe(monkeypatch):
         (["Kh", "2d"], ["Ac", "3s", "4h", "9c"], False),  # K-A-2-3-4 does not wrap
     ],
 )
-def test_made_hand(pe, hole, board, made):
-    assert pe.made_hand(hole, board) is made
+def test_made_hand(pb, hole, board, made):
+    assert pb.made_hand(hole, board) is made
 
 
-def test_hand_strength_rule(pe):
-    act = pe.hand_strength_action
+@pytest.mark.parametrize(
+    ("hole", "strong"),
+    [
+        (["Ah", "Kd"], True),
+        (["Th", "Jd"], True),
+        (["Th", "9d"], False),
+        (["2h", "2d"], True),
+        (["7h", "2d"], False),
+    ],
+)
+def test_strong_preflop(pb, hole, strong):
+    assert pb.strong_preflop(hole) is strong
+
+
+def test_hand_strength_rule(pb):
+    act = pb.hand_strength_action
     pre = {"board": [], "pot": 1.5, "can_raise": True}
     assert act(["Ah", "Kd"], **pre, to_call=0.5, max_bet=1) == "raise 3"  # two cards ten or higher
     assert act(["Qh", "Qd"], **pre, to_call=2, max_bet=3) == "raise 9"  # three times the bet faced
