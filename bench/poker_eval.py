@@ -267,6 +267,24 @@ def write_hands(path: Path, rows: list[dict]) -> None:
     path.write_bytes(buf.getvalue())
 
 
+def record_runs(path: Path, entries: dict) -> None:
+    """Merge `entries` into the runs file under an exclusive lock, written whole then renamed: `play`
+    processes run side by side (one per core) and each must keep the others' entries."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)  # the lock is the folder's: no lock file left behind
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        runs = json.loads(path.read_text()) if path.exists() else {}
+        runs.update(entries)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        os.close(folder)  # closing the descriptor releases the lock
+
+
 def read_hands(path: Path) -> list[dict]:
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -396,8 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = deal_seeds(args.hands)
     checked = check_held_out(seeds)
     print(f"{len(seeds)} held-out deals; none among {checked} training seeds (run seeds 0-9)")
-    runs_path = args.out / "runs.json"
-    runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
+    runs = {}  # this invocation's entries, merged into out/runs.json at the end (record_runs)
     base_cfg = load_config(args.config)
     for opponent in args.opponents:
         cfg = base_cfg.task.model_copy(update={"env": env_spec(base_cfg.task.env, opponent)})
@@ -428,8 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{label} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand, {seconds:.0f} s"
             )
-    args.out.mkdir(parents=True, exist_ok=True)
-    runs_path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    record_runs(args.out / "runs.json", runs)
     return 0
 
 

@@ -118,6 +118,27 @@ def test_hands_file_round_trip_is_byte_identical(pe, tmp_path):
     assert pe.read_hands(tmp_path / "a.jsonl.gz") == rows
 
 
+def test_runs_file_keeps_every_writers_entries(pe, tmp_path):
+    """`play` processes side by side (one per core) each merge their entries into runs.json: none is
+    lost (reading at start and writing at the end lost seed 3's entries in docs/bench/poker_warm)."""
+    import multiprocessing as mp
+
+    path = tmp_path / "out" / "runs.json"
+    ctx = mp.get_context("fork")
+    procs = [
+        ctx.Process(target=pe.record_runs, args=(path, {f"p{k}__{n}": {"n": n} for n in range(20)}))
+        for k in range(6)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    runs = __import__("json").loads(path.read_text())
+    assert len(runs) == 6 * 20
+    assert sorted(q.name for q in path.parent.iterdir()) == ["runs.json"]  # no lock or temporary file left
+
+
 @pytest.mark.parametrize("opponent", ["call_station", "rule_based"])
 def test_fold_check_baseline_is_the_malformed_rule(pe, opponent):
     """The reviewer's observation as a check: on every deal, always fold/check wins exactly the chips
