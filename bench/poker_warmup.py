@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def main() -> None:
     write_json(
         args.json,
         {
-            "command": "python bench/poker_warmup.py " + " ".join(__import__("sys").argv[1:]),
+            "command": "python bench/poker_warmup.py " + " ".join(sys.argv[1:]),
             "settings": vars(args),
             "examples": len(examples),
             "seconds": round(time.perf_counter() - t0, 1),
