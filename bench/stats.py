@@ -143,11 +143,8 @@ def wilson_ci(k: int, n: int, level: float = LEVEL) -> Interval:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
         return Interval(0.0, 0.0, 1.0, level, 0, "wilson")
-    z = stats.norm.ppf(0.5 + level / 2)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), level, n, "wilson")
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+    return Interval(k / n, float(ci.low), float(ci.high), level, n, "wilson")
 
 
 def newcombe_ci(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL) -> Interval:
