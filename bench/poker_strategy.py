@@ -181,7 +181,6 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8, help="steps at the start and at the end (--runs)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import write_json
     from poker_eval import read_hands
 
