@@ -8,7 +8,7 @@ What runs (`run_bench`):
   the N workers to register, publishes a small random warm-up version (an eighth of M) and waits
   until every worker installed it, then publishes a random M-MB snapshot and waits (bounded) until
   every worker reported installing it. T_bcast at q = 0.9 and q = 1 is the coordinator's own
-  measurement, from publication to install report (control/broadcast.py). It prints one JSON line
+  measurement, from publication to install report (broadcast/tracker.py). It prints one JSON line
   and exits.
 * **N broadcast-only workers** (`python -m echo2.rollout.broadcast_peer --inbound`): each registers as a
   relay, follows the published versions, receives each from the parent the coordinator names,

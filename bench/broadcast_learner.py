@@ -31,11 +31,11 @@ from typing import Any
 from broadcast_report import HEARTBEAT_S, MB, PROGRESS_TIMEOUT_S
 from procstat import busy, cpu_times, procs_cpu
 
+from echo2.broadcast.tracker import BroadcastPolicy
 from echo2.config import SLOW_RELAY_FRACTION, CoordinatorConfig
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.leases import Limits, Work
-from echo2.control.publisher import Publisher
-from echo2.control.state import CoordinatorState
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.publisher import Publisher
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 
@@ -148,8 +148,8 @@ def learner_main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    from echo2.control.coordinator import Coordinator
-    from echo2.control.registry import WorkerStatus
+    from echo2.coordinator.registry import WorkerStatus
+    from echo2.coordinator.server import Coordinator
 
     state = bench_state(
         mode=args.mode,

@@ -5,7 +5,7 @@ bubble ratio is under 5%. No new runs: everything below is read from, or compute
 runs of bench/bubble_vs_pool.py (docs/bench/bubble.json: N = 1..6, R = 256, kappa = max(1, S - 1)).
 
 1. measured: the recorded bubble of each run.
-2. `echo2 plan`: the pure planner `echo2.control.plan.make_plan` with PlanInput's defaults (the
+2. `echo2 plan`: the pure planner `echo2.planning.plan.make_plan` with PlanInput's defaults (the
    "continuous" real-worker model, gamma 1.1), batch R, S and kappa, T_train and T_bcast the medians
    over the S's six runs (T_train: each run's mean over its measured steps, as the benchmark
    predicts with), and a pool of 6 x 35/s workers at one price. Reported: the workers it activates
@@ -36,9 +36,9 @@ from typing import Any
 from common import write_json
 
 from echo2.config import SchedulerConfig
-from echo2.control import capacity as cap
-from echo2.control.plan import PlanInput, Pool, make_plan
-from echo2.control.scheduler import Action, Role, Scheduler, WorkerView
+from echo2.fleet.scheduler import Action, Role, Scheduler, WorkerView
+from echo2.planning import capacity as cap
+from echo2.planning.plan import PlanInput, Pool, make_plan
 
 THRESHOLD = 0.05
 """A pool is enough when its bubble ratio is below this (as in bench/bubble_vs_pool.py)."""

@@ -4,7 +4,7 @@ For each S and pool size N, runs the real learner (a random Llama, 16 x 16 traje
 that a step takes about two seconds while the snapshot stays small, 25 MB) with N local workers whose engines are emulated at RATE trajectories/s each
 (`echo2 run --workers N --emulate RATE`; kappa = max(1, S - 1)). Measured bubble = learner wait /
 (wait + train) over the steps after the first `--warmup` (worker start-up excluded). Two
-predictions from control/capacity.py, with T_train (mean over the measured steps) and T_bcast
+predictions from planning/capacity.py, with T_train (mean over the measured steps) and T_bcast
 (median over the run) measured in the same run:
 `bubble_ratio` (the paper's conservative cycle model: rollouts wait for each broadcast) and
 `bubble_ratio_continuous` (workers keep generating under their installed version while the
@@ -26,7 +26,7 @@ from pathlib import Path
 from common import write_json
 
 from echo2.config import publish_every
-from echo2.control.capacity import bubble_ratio, bubble_ratio_continuous
+from echo2.planning.capacity import bubble_ratio, bubble_ratio_continuous
 
 
 def one(args, s: int, n: int, tmp: Path) -> dict:

@@ -12,7 +12,7 @@
     repeat a known version. Reported: the latency of each heartbeat as the client sees it (p50, p95,
     p99, max), errors, and how many live workers the coordinator marked lost.
 (b) **Ingestion with validation and re-scoring.** The coordinator as a learner serves it for the
-    arithmetic task with SmolLM2's tokenizer: validation at the door (control/validate.py) and the
+    arithmetic task with SmolLM2's tokenizer: validation at the door (wire/validate.py) and the
     learner's `TaskReferee` (learning/verify.py), which checks each record's prompt ids against the
     leased prompt (chat template and all) and re-scores its response with the task's reward. C
     concurrent clients in a second process register, lease G groups (1, as bench/ingest.py, and 4,
@@ -23,7 +23,7 @@
     the clients start, so the clients spend their time on HTTP, not on tokenizing. Reported:
     accepted records/s over the window, median of R repeats, with the referee and without it (as
     bench/ingest.py measures), and with the referee and the accepted-records journal
-    (control/journal.py, in a temporary directory: what a learner with a run directory does), and the
+    (coordinator/journal.py, in a temporary directory: what a learner with a run directory does), and the
     records per second of the server process's own CPU time (what one core given to the coordinator
     alone would sustain, the clients being remote).
 
@@ -49,13 +49,13 @@ import uuid
 from common import run_clients, start_drainer, write_json
 from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
+from echo2.broadcast.tracker import BroadcastPolicy
 from echo2.config import CoordinatorConfig
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
-from echo2.control.validate import reward_range
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
+from echo2.wire.validate import reward_range
 
 TOKEN = "bench"
 GROUP = 8
@@ -334,7 +334,7 @@ def ingest_once(
     from pathlib import Path
 
     from echo2.config import ArithmeticTaskConfig, TinyModelConfig
-    from echo2.control.journal import NAME, Journal
+    from echo2.coordinator.journal import NAME, Journal
     from echo2.data.tasks.arithmetic import ArithmeticTask
     from echo2.learning.verify import TaskReferee
     from echo2.models import load_tokenizer
@@ -363,7 +363,7 @@ def ingest_once(
     )
     scratch = tempfile.TemporaryDirectory(prefix="echo2-bench-journal-") if journal else None
     log = Journal(Path(scratch.name) / NAME, epoch=state.epoch) if scratch is not None else None
-    state.intake.journal = log.accepted if log is not None else None  # as control/remote.py wires it
+    state.intake.journal = log.accepted if log is not None else None  # as learning/sources/remote.py wires it
     state.publisher.publish(0, b"v0", keep=2)
     server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=2.0)
     url = server.start()

@@ -21,7 +21,7 @@ import heartbeat_load
 from common import write_json
 from procs import add_cpu_options, start_on_server_cpus
 
-from echo2.control import coordinator
+from echo2.coordinator import server as coordinator
 
 PAUSES: list[tuple[int, float]] = []
 _started: list[float] = []

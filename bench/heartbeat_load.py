@@ -36,11 +36,11 @@ from coordinator_load import GROUP, TOKEN, honest_groups, pct
 from procs import add_cpu_options, cpu_list, pinned, start_on_server_cpus
 
 from echo2.config import CoordinatorConfig
-from echo2.control.coordinator import Coordinator
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
-from echo2.control.validate import reward_range
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
+from echo2.wire.validate import reward_range
 
 BIG = 61 * 2**20
 STREAM_GROUPS = 512

@@ -1,7 +1,7 @@
 """Benchmark: what two of issue 12's defences cost in the coordinator's own code, in process.
 
 - ingestion (`Intake.ingest`, the state's intake) per record, without and with the accepted-records
-  journal (control/journal.py): batches of 8 records of 31 prompt and 16 response tokens, one lease each;
+  journal (coordinator/journal.py): batches of 8 records of 31 prompt and 16 response tokens, one lease each;
 - one credential check (`CoordinatorState.authenticate`).
 
 Median of R repeats; prints one line per figure (and `--json PATH` writes them).
@@ -20,9 +20,9 @@ from pathlib import Path
 from common import write_json
 
 from echo2.config import CoordinatorConfig
-from echo2.control import journal
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
+from echo2.coordinator import journal
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 

@@ -23,9 +23,9 @@ import uuid
 from common import run_clients, start_drainer, write_json
 
 from echo2.config import CoordinatorConfig
-from echo2.control.coordinator import Coordinator
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 GROUP = 8

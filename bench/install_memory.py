@@ -82,8 +82,8 @@ def write_blobs(dtype: str, where: Path) -> dict:
     import torch
 
     from echo2.config import GGUFModelConfig, LearnerConfig
-    from echo2.control.remote import serialise
     from echo2.learning.device import DTYPES, snapshot_state
+    from echo2.learning.sources.remote import serialise
     from echo2.models import load_model, load_tokenizer
     from echo2.records import Snapshot
 

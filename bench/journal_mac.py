@@ -1,4 +1,4 @@
-"""What the journal's MAC costs (control/journal.py): HMAC-SHA256 of one accepted-batch line of 8
+"""What the journal's MAC costs (coordinator/journal.py): HMAC-SHA256 of one accepted-batch line of 8
 records of 31 prompt and 16 response tokens (the identity_cost.py shape), per record, and the resume
 check of the same lines (`accepted_since` over a journal of them).
 
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from echo2.control import journal
+from echo2.coordinator import journal
 from echo2.records import Trajectory
 
 

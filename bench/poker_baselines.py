@@ -62,7 +62,7 @@ def hand_strength_action(
 
 
 def baseline_reply(policy: str, env, rng: random.Random) -> str:
-    from echo2.envs.poker import BB
+    from echo2.data.envs.poker import BB
 
     s = env.state
     to_call = (s.checking_or_calling_amount or 0) / BB

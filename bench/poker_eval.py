@@ -109,7 +109,7 @@ def env_spec(base: str, opponent: str) -> str:
     """`base` ("poker:heads_up?opponent=call_station&stack_bb=20") with the opponent replaced."""
     from urllib.parse import urlencode
 
-    from echo2.envs import parse_env_spec
+    from echo2.data.envs import parse_env_spec
 
     name, variant, options = parse_env_spec(base)
     options["opponent"] = opponent
@@ -194,7 +194,7 @@ def load_model_engine(config_path: str | None, run_dir: str | None, device: str 
     from echo2.config import load_config
     from echo2.learning import build
     from echo2.learning.device import resolved
-    from echo2.rollout.engines import learner_engine
+    from echo2.learning.engine import learner_engine
 
     def on_device(config):
         learner = config.learner.model_copy(update={"device": device, "dtype": dtype})

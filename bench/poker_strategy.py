@@ -35,7 +35,7 @@ from poker_baselines import strong_preflop
 def hole_cards(seed: int, opponent: str) -> tuple[list[str], bool]:
     """The agent's hole cards in deal `seed` and whether it faces a bet at its first decision
     (against `opponent`, whose draws the deal's seed fixes too)."""
-    from echo2.envs.poker import PokerEnv
+    from echo2.data.envs.poker import PokerEnv
 
     env = PokerEnv(opponent=opponent)
     env.reset(seed)

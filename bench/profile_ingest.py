@@ -13,7 +13,7 @@ import time
 
 import coordinator_load as load
 
-from echo2.control.coordinator import Coordinator
+from echo2.coordinator.server import Coordinator
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Snapshot bytes, full against LoRA adapter, and the cost of installing an adapter two ways.
 
-Bytes are those of the serialised snapshot the broadcast carries (`echo2.control.remote.serialise`).
+Bytes are those of the serialised snapshot the broadcast carries (`echo2.learning.sources.remote.serialise`).
 Install: "merged" is what `HFEngine.install` does (weight = base + B @ A for every adapted layer, so
 generation runs on plain weights); "peft" keeps a peft model on the engine and copies A and B into its
 adapter layers (cheaper to install, but every forward pass then runs the adapter's extra matmuls);
@@ -21,9 +21,9 @@ import torch
 from common import write_json
 
 from echo2.config import GGUFModelConfig, LearnerConfig, LoraConfig, TinyModelConfig
-from echo2.control.remote import serialise
 from echo2.learning.loop import make_snapshot
 from echo2.learning.lora import ADAPTER, apply_lora, engine_copy, lora_layers
+from echo2.learning.sources.remote import serialise
 from echo2.models import load_model, load_tokenizer
 from echo2.records import LORA_A, LORA_B
 

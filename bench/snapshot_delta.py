@@ -84,8 +84,8 @@ def one_run(lr: float, steps: int, seed: int) -> dict:
     import torch
 
     from echo2.config import load_config
-    from echo2.control.remote import serialise
     from echo2.learning import loop
+    from echo2.learning.sources.remote import serialise
     from echo2.records import Snapshot
 
     config = load_config(

@@ -20,7 +20,7 @@ only what it needs.
 What `--seeds S` changes on each side:
 - echo2 (`--run.seed=S`): the training problems (problem i of seed S is a pure function of (S, i),
   data/tasks/arithmetic.py) and the sampling (before each batch, `torch.manual_seed(rollout_seed(S,
-  first prompt index))`, rollout/local.py). The model is the pretrained GGUF checkpoint, the same
+  first prompt index))`, learning/sources/local.py). The model is the pretrained GGUF checkpoint, the same
   for every seed; the held-out problems are the same for every seed.
 - TRL: the same training problems in the same order (its dataset is `make_task(seed=S)`'s problems
   0..4*steps-1 and `shuffle_dataset=False`, so step k trains on echo2's prompts 4k..4k+3), and

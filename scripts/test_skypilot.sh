@@ -4,7 +4,7 @@
 # SkyPilot cannot be installed beside echo2 (skypilot 0.14 pins click<8.2; the huggingface-hub that
 # transformers needs wants click>=8.4), so, as in production, it gets a venv of its own (.venv-sky,
 # SkyPilot and its pins only) and echo2's tests run in echo2's venv, starting the bridge
-# (src/echo2/control/skypilot_bridge.py) with .venv-sky's python. Nothing in .venv changes.
+# (src/echo2/fleet/providers/skypilot/bridge.py) with .venv-sky's python. Nothing in .venv changes.
 # Run by scripts/test.sh after the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."

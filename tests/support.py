@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 from echo2.config import CoordinatorConfig, LearnerConfig
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker_config import PeerConfig
@@ -100,7 +100,7 @@ def run_with_fleet(config, run_dir: Path, fleet, on_ready) -> dict:
     """The learner loop over workers (`SourceSpec(remote=True)`), `on_ready(source)` called once the
     coordinator listens (it starts `fleet`); the fleet is stopped however the run ends."""
     from echo2.learning.loop import run
-    from echo2.learning.source import SourceSpec
+    from echo2.learning.sources import SourceSpec
 
     try:
         return run(

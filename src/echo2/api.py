@@ -111,7 +111,7 @@ class Echo2:
             raise ConfigError(f"{run_dir}: already holds a run; use --resume {run_dir} or another run.dir")
         from echo2.learning.device import check_start
         from echo2.learning.loop import run as train  # heavy: torch, transformers
-        from echo2.learning.source import SourceSpec
+        from echo2.learning.sources import SourceSpec
         from echo2.rollout.vllm_engine import check_available
 
         check_start(config.learner, resume=resume)  # learner.device/dtype, torchrun
@@ -120,7 +120,7 @@ class Echo2:
         if config.scheduler.provider == "local":
             fleet = _local_provider(config, workers=workers, emulate=emulate, serve=serve)
         elif config.scheduler.provider == "skypilot":
-            from echo2.control.skypilot import make_fleet
+            from echo2.fleet.providers.skypilot.provider import make_fleet
 
             if not serve or workers or emulate:
                 raise ConfigError(
@@ -128,7 +128,7 @@ class Echo2:
                 )
             fleet = make_fleet(config, initial=config.scheduler.initial_workers)
         elif workers:
-            from echo2.rollout.local_fleet import LocalFleet
+            from echo2.fleet.providers.local import LocalFleet
 
             fleet = LocalFleet.identical(workers, threads=config.run.threads, emulate=emulate)
         if fleet:
@@ -167,9 +167,9 @@ class Echo2:
 
 def _local_provider(config: Config, *, workers: int, emulate: float | None, serve: bool):
     """The `local` provider's slots: one per worker of each type in scheduler.pool."""
-    from echo2.control.plan import load_pool
-    from echo2.control.selection import WorkerOffer
-    from echo2.rollout.local_fleet import LocalFleet
+    from echo2.fleet.providers.local import LocalFleet
+    from echo2.fleet.selection import WorkerOffer
+    from echo2.planning.plan import load_pool
 
     if serve or workers or emulate:
         raise ConfigError(

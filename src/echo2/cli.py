@@ -25,7 +25,7 @@ log = logging.getLogger("echo2")
 
 def _parser() -> argparse.ArgumentParser:
     from echo2 import __version__
-    from echo2.export import add_parser as add_export  # light: argparse only
+    from echo2.learning.export import add_parser as add_export  # light: argparse only
     from echo2.rollout.worker_cli import add_parser as add_worker  # light: argparse only
 
     p = argparse.ArgumentParser(prog="echo2", description="Cost-efficient RL post-training of LLMs (ECHO-2).")
@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         "[[scheduler.skypilot.workers]] tables to rent and starts nothing",
     )
     pl.add_argument("--json", action="store_true", help="print one JSON object")
-    from echo2.memplan_cli import add_flags as add_memory_flags  # light: argparse only
+    from echo2.planning.memory_cli import add_flags as add_memory_flags  # light: argparse only
 
     add_memory_flags(pl)
     from echo2.sim.cli import add_parser as add_simulate  # light: argparse only
@@ -145,7 +145,7 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
     import json
 
     if args.memory:
-        from echo2.memplan_cli import run as memory_plan
+        from echo2.planning.memory_cli import run as memory_plan
 
         return memory_plan(args, extra)
     if extra:
@@ -163,7 +163,7 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
     from pydantic import ValidationError
 
     from echo2.config import validation_message
-    from echo2.control.plan import PlanInput, load_pool, make_plan, render
+    from echo2.planning.plan import PlanInput, load_pool, make_plan, render
 
     try:
         inp = PlanInput(
@@ -181,7 +181,7 @@ def _plan(args: argparse.Namespace, extra: list[str]) -> int:
     except ValidationError as e:
         raise ConfigError("--" + validation_message(e).replace("_", "-", 1)) from None
     if args.catalog:
-        from echo2.control.catalog import plan_from_catalog
+        from echo2.planning.catalog import plan_from_catalog
 
         plan, text = plan_from_catalog(inp, catalog_dir=args.catalog_dir, throughputs=args.throughputs)
         print(json.dumps(plan, indent=2) if args.json else text)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return simulate(args, extra)
         if args.command == "export":
-            from echo2.export import run as export
+            from echo2.learning.export import run as export
 
             return export(args)
         if args.command == "plan":

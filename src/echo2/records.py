@@ -1,5 +1,5 @@
 """The trajectory record every plane exchanges, the snapshot a learner publishes, and the report of
-a learner step it hands its rollout source (learning/source.py).
+a learner step it hands its rollout source (learning/sources/__init__.py).
 
 Owns the shape and validation of a record; knows nothing of tensors, models or sockets. A record is
 immutable and round-trips through `to_dict`/`from_dict` (JSON-safe), so the same object travels from

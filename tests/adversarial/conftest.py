@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from hostile import Door, HostileWorker, open_door
 
-from echo2.control import longpoll
+from echo2.coordinator import longpoll
 
 
 @pytest.fixture

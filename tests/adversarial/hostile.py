@@ -32,10 +32,9 @@ from echo2.config import (
     RolloutConfig,
     TinyModelConfig,
 )
-from echo2.control.coordinator import Coordinator
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
-from echo2.control.validate import reward_range
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks.arithmetic import ArithmeticTask
 from echo2.learning.step import make_optimizer, train_step
@@ -44,6 +43,7 @@ from echo2.models import load_model
 from echo2.records import Trajectory
 from echo2.rollout.collect import collect
 from echo2.rollout.engine import HFEngine
+from echo2.wire.validate import reward_range
 
 TOKEN = "hostile-test-token"
 _SAMPLES: dict[tuple[tuple[int, ...], int], list[list[Trajectory]]] = {}

@@ -22,9 +22,9 @@ import aiohttp
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.broadcast.blob import make_blob
 from echo2.broadcast.chunks import public_key_hex
 from echo2.broadcast.stream import HEADER, parse_range
-from echo2.control.blob import make_blob
 
 
 class HostileRelay:

@@ -9,7 +9,7 @@ import logging
 import pytest
 from hostile import Door, HostileWorker
 
-from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer
+from echo2.broadcast.tracker import BroadcastPolicy, BroadcastState, Peer
 
 
 def test_a_lease_for_an_unpublished_version_is_refused(door: Door, mallory: HostileWorker):
@@ -60,7 +60,7 @@ def test_a_failure_detail_with_a_newline_writes_one_log_line(
         "version": 0,
         "parent_id": None,
         "reason": "stalled",
-        "detail": "slow\n2026-12-01 INFO echo2.control.state: worker quarantined: honest",
+        "detail": "slow\n2026-12-01 INFO echo2.coordinator.state: worker quarantined: honest",
     }
     with caplog.at_level(logging.INFO, logger="echo2"):
         assert mallory.call("POST", "/v1/broadcast/failure", body)[0] == 200

@@ -13,8 +13,8 @@ import logging
 
 from hostile import Door, HostileWorker
 
-from echo2.control import journal
-from echo2.control.leases import Leases, Work
+from echo2.coordinator import journal
+from echo2.coordinator.leases import Leases, Work
 from echo2.data.buffer import ReplayBuffer
 
 
@@ -66,7 +66,7 @@ def test_a_failed_journal_write_stores_nothing_and_the_retry_is_not_a_duplicate(
     assert status == 200 and body == {"accepted": 0, "duplicates": len(records)}, body
 
     # SIGKILL: the journal is never closed; a resumed learner reads it back
-    caplog.set_level(logging.WARNING, logger="echo2.control.journal")
+    caplog.set_level(logging.WARNING, logger="echo2.coordinator.journal")
     caplog.clear()  # the 500's own log line
     batches = list(journal.accepted_since(path, 0))
     assert [[r.record_id for r in batch] for batch, _ in batches] == [[r["record_id"] for r in records]]
@@ -113,6 +113,6 @@ def test_a_line_that_fails_to_encode_is_not_written_and_takes_no_sequence_number
         pass
     assert path.stat().st_size == size and log.offset() == size
     log.accepted([rec("b", "fine")], {"g0": 0})
-    caplog.set_level(logging.WARNING, logger="echo2.control.journal")
+    caplog.set_level(logging.WARNING, logger="echo2.coordinator.journal")
     assert [[r.record_id for r in b] for b, _ in journal.accepted_since(path, 0)] == [["b"]]
     assert not caplog.records, [r.getMessage() for r in caplog.records]

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from support import FakeClock, make_state
 
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
 
 TOKEN = "identity-token"
 

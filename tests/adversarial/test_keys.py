@@ -17,13 +17,13 @@ import pytest
 from hostile_relay import KeySwapProxy
 from support import make_state
 
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
-from echo2.control.coordinator import Coordinator
-from echo2.control.identity import fingerprint
-from echo2.control.protocol import RegisterRequest
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
 from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker_config import KeyChanged, PeerConfig
+from echo2.wire.client import CoordinatorClient, RetryPolicy, Unreachable
+from echo2.wire.identity import fingerprint
+from echo2.wire.protocol import RegisterRequest
 
 TOKEN = "key-token"
 CHUNK = 64 * 1024
@@ -160,7 +160,7 @@ def _self_signed(tmp_path):
 def test_the_coordinator_speaks_tls(tmp_path):
     """coordinator.tls_cert/tls_key: the URL is https, a worker given the CA registers, and one
     that cannot verify the certificate gets nowhere."""
-    from echo2.control.assembly import tls
+    from echo2.learning.sources.assembly import tls
 
     cert, key = _self_signed(tmp_path)
     server, state = start_coordinator(ssl_context=tls(cert, key))

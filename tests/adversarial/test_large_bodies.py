@@ -20,10 +20,10 @@ import uuid
 import pytest
 
 from echo2.config import CoordinatorConfig
-from echo2.control import coordinator as coordinator_module
-from echo2.control.coordinator import Coordinator
-from echo2.control.leases import Limits, Work
-from echo2.control.state import CoordinatorState
+from echo2.coordinator import server as coordinator_module
+from echo2.coordinator.leases import Limits, Work
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 from echo2.data.buffer import ReplayBuffer
 
 TOKEN = "run-token"

@@ -3,7 +3,7 @@
 At 97ea5ef ties among new relays went to the lower worker id, so re-registering until the id sorted
 first made one worker the victim's parent in 11 of 11 versions; and two workers confirming each
 other's invented transfers reached score 99.9 and moved the bandwidth estimate to 80,966 Mbit/s.
-These drive the coordinator's broadcast bookkeeping (control/broadcast.py) directly, as the
+These drive the coordinator's broadcast bookkeeping (broadcast/tracker.py) directly, as the
 coordinator would, with the reports both sides send.
 """
 
@@ -15,9 +15,9 @@ import statistics
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.broadcast.blob import make_blob
 from echo2.broadcast.plan import NEUTRAL_SCORE
-from echo2.control.blob import make_blob
-from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer
+from echo2.broadcast.tracker import BroadcastPolicy, BroadcastState, Peer
 
 KEY = Ed25519PrivateKey.generate()
 MB = 1e6

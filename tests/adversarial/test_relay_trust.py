@@ -13,8 +13,8 @@ import pytest
 from hostile_relay import HostileRelay, bearer, keep_alive, register_relay
 from support import make_state
 
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
 from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker_config import PeerConfig
 

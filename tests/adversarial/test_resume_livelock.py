@@ -13,11 +13,11 @@ import random
 import pytest
 from support import make_state
 
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
-from echo2.control.errors import Invalid
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
 from echo2.rollout.broadcast_peer import BroadcastPeer
 from echo2.rollout.worker_config import PeerConfig
+from echo2.wire.errors import Invalid
 
 TOKEN = "epoch-token"
 CHUNK = 64 * 1024

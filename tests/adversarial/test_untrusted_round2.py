@@ -323,7 +323,7 @@ def _rec(gid: str, rid: str, reward: float = 1.0):
 
 
 def _ingestion():
-    from echo2.control.leases import Leases, Limits, Work
+    from echo2.coordinator.leases import Leases, Limits, Work
     from echo2.data.buffer import ReplayBuffer
 
     return Leases(
@@ -341,7 +341,7 @@ def _ingestion():
 @pytest.fixture
 def journalled(tmp_path):
     """A journal of three accepted batches (groups g0, g1, g2) after a checkpoint at byte `offset`."""
-    from echo2.control import journal
+    from echo2.coordinator import journal
 
     path = tmp_path / journal.NAME
     log = journal.Journal(path, epoch="e1")
@@ -353,7 +353,7 @@ def journalled(tmp_path):
 
 
 def _resume(path, offset, referee=None) -> set[str]:
-    from echo2.control import journal
+    from echo2.coordinator import journal
 
     ingestion = _ingestion()
     journal.replay(ingestion, journal.accepted_since(path, offset), referee=referee)
@@ -391,7 +391,7 @@ def test_an_appended_line_the_learner_did_not_write_is_never_trained(journalled,
     """Four never-pushed records (a prompt no lease handed out, a forged reward), as issue 22 saw."""
     import json
 
-    from echo2.control import journal
+    from echo2.coordinator import journal
 
     path, offset = journalled
     forged = {"accepted": [journal._fields(_rec("g9", f"x{k}")) for k in range(4)], "prompts": {"g9": 9}}
@@ -442,8 +442,8 @@ def test_a_replayed_batch_goes_through_the_door_again(tmp_path, caplog):
     range, a control character in metadata, a referee's refusal): skipped whole, its prompt regenerated."""
     import dataclasses
 
-    from echo2.control import journal
-    from echo2.control.validate import Problem
+    from echo2.coordinator import journal
+    from echo2.wire.validate import Problem
 
     path = tmp_path / journal.NAME
     log = journal.Journal(path, epoch="e1")

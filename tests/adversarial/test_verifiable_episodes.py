@@ -142,11 +142,11 @@ def test_hindsight_optimal_poker_is_refused_with_a_strike(poker):
     60 hindsight episodes (`not_sampled`, a strike each push) and none of the honest ones."""
     from hostile import TOKEN, FakeClock, HostileWorker
 
-    from echo2.control.coordinator import Coordinator
-    from echo2.control.leases import Limits, Work
-    from echo2.control.state import CoordinatorState
-    from echo2.control.validate import reward_range
+    from echo2.coordinator.leases import Limits, Work
+    from echo2.coordinator.server import Coordinator
+    from echo2.coordinator.state import CoordinatorState
     from echo2.data.buffer import ReplayBuffer
+    from echo2.wire.validate import reward_range
 
     model, tok, task = poker
     state = CoordinatorState(

@@ -60,7 +60,7 @@ def test_importing_the_harness_installs_no_handlers():
     code = (
         "import atexit, signal, sys; sys.path.insert(0, sys.argv[1]);"
         # what the harness imports from echo2 and the libraries (logging registers its own atexit)
-        "import logging, echo2.control.state, echo2.control.broadcast, echo2.broadcast.plan;"
+        "import logging, echo2.coordinator.state, echo2.broadcast.tracker, echo2.broadcast.plan;"
         "n = atexit._ncallbacks();"
         "import netns, netcheck, broadcast, broadcast_learner, broadcast_report, procs, procstat, shaping;"
         "assert atexit._ncallbacks() == n, 'atexit';"

@@ -12,8 +12,8 @@ import pytest
 from support import TINY, run_with_fleet
 
 from echo2.config import load_config
+from echo2.fleet.providers.local import LocalFleet
 from echo2.metrics import read_metrics
-from echo2.rollout.local_fleet import LocalFleet
 
 HERE = Path(__file__).parent
 

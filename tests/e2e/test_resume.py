@@ -2,7 +2,7 @@
 no accepted record is lost, none is trained twice, and the workers, who held versions the resumed
 learner has not published, are back to producing admissible records within two heartbeat timeouts.
 
-The audit trail is the run's own journal (RUN_DIR/accepted.jsonl, control/journal.py): every batch
+The audit trail is the run's own journal (RUN_DIR/accepted.jsonl, coordinator/journal.py): every batch
 accepted, every set of records handed to the learner (the last `taken` line of each version is the
 run's lineage after a resume) and every publication, with wall-clock times."""
 

@@ -128,7 +128,7 @@ class _ThreeTurns:
         return f"n={seed % 10}"
 
     def step(self, action_text: str):
-        from echo2.envs.base import StepResult
+        from echo2.data.envs.base import StepResult
 
         self.t += 1
         return StepResult(observation=f"n={self.t}", reward=float(self.t), done=self.t == 3)
@@ -141,7 +141,7 @@ def test_multi_turn_episodes_behaviour_logprobs_match(smol):
     """Episodes played by vLLM (each turn from the whole conversation, prefix-cached): on the
     reply tokens the learner's recomputation matches the behaviour log-probs, as single-turn."""
     from echo2.config import EnvTaskConfig
-    from echo2.envs.base import EnvTask
+    from echo2.data.envs.base import EnvTask
     from echo2.rollout.episodes import collect_episodes
 
     engine, model, tok = smol

@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 
 from echo2.broadcast.chunks import SnapshotBytes, split  # noqa: E402
 from echo2.config import ArithmeticTaskConfig, LearnerConfig, RolloutConfig  # noqa: E402
-from echo2.control.remote import serialise  # noqa: E402
 from echo2.data.tasks import make_task  # noqa: E402
 from echo2.data.tasks.base import to_tensors  # noqa: E402
 from echo2.learning.device import snapshot_state  # noqa: E402
+from echo2.learning.sources.remote import serialise  # noqa: E402
 from echo2.learning.step import response_logprobs  # noqa: E402
 from echo2.models import merge_adapter  # noqa: E402
 from echo2.records import LORA_A, LORA_B, Snapshot  # noqa: E402

@@ -19,10 +19,10 @@ from support import TINY, run_with_fleet
 
 from echo2.cli import main
 from echo2.config import load_config
+from echo2.fleet.providers.local import LocalFleet
 from echo2.learning.loop import run
-from echo2.learning.source import SourceSpec
+from echo2.learning.sources import SourceSpec
 from echo2.metrics import read_metrics
-from echo2.rollout.local_fleet import LocalFleet
 
 HERE = Path(__file__).parent
 TOY = ["--task.type=custom", "--task.factory=toy_task:Vowels"]

@@ -1,9 +1,9 @@
-"""A learner and vLLM on one GPU within the memory plan (`echo2 plan --memory`, memplan.py).
+"""A learner and vLLM on one GPU within the memory plan (`echo2 plan --memory`, planning/memory.py).
 
 First a learner-sized allocation: the plan's learner peak for configs/qwen3-4b-math.toml on this
 card (87.8 GiB on an H200), held as one block, as a placed learner (or another process) holds it.
 Then a bf16 vLLM engine (SmolLM2-135M, the model available offline) built as `echo2 run` builds it
-(rollout/engines.py `learner_engine`), with `rollout.vllm.gpu_memory_utilization` left to be
+(learning/engine.py `learner_engine`), with `rollout.vllm.gpu_memory_utilization` left to be
 computed. On the old code vLLM demanded 90% of the card free at start-up and refused (B4). What vLLM
 then takes (mem_get_info before/after) stays within the share it was given and within the plan's
 figure for this engine (weights + KV + overhead), and the learner's block is untouched. Skipped
@@ -31,12 +31,12 @@ lazily loaded kernels, which mem_get_info sees and vLLM's own accounting does no
 def test_vllm_starts_beside_a_learner_sized_allocation_within_the_plan(monkeypatch):
     pytest.importorskip("vllm")
     monkeypatch.delenv("ECHO2_VLLM_KV_CACHE_GIB", raising=False)  # the config's KV size, not gpu_check's
-    from echo2 import memplan
     from echo2.config import load_config
     from echo2.data.tasks import make_task
-    from echo2.memplan_cli import workload
+    from echo2.learning.engine import learner_engine
     from echo2.models import load_model, load_tokenizer
-    from echo2.rollout.engines import learner_engine
+    from echo2.planning import memory as memplan
+    from echo2.planning.memory_cli import workload
 
     free0, total = torch.cuda.mem_get_info()
     gpu = memplan.GPU(name=torch.cuda.get_device_name(), bytes=total, source="torch.cuda.mem_get_info")

@@ -1,5 +1,5 @@
 """vLLM's CUDA build on the GPU in bf16, as `echo2 run --rollout.engine=vllm` builds it on a GPU
-(rollout/engines.py `learner_engine`, dtype from learner.dtype): its behaviour log-probs agree with
+(learning/engine.py `learner_engine`, dtype from learner.dtype): its behaviour log-probs agree with
 the bf16 learner's recomputation on the same GPU, a bf16 snapshot installs in place, and the same
 torch seed gives the same samples (vLLM's GPU sampler ignores torch's generator; echo2 hands it
 per-request seeds). The fp32 engine's checks are tests/e2e/test_vllm_engine.py. Skipped without
@@ -33,8 +33,8 @@ def bf16():
 
     from echo2.config import load_config
     from echo2.data.tasks import make_task
+    from echo2.learning.engine import learner_engine
     from echo2.models import load_model, load_tokenizer
-    from echo2.rollout.engines import learner_engine
     from echo2.rollout.vllm_engine import VLLMEngine
 
     quickstart = TINY.replace("tiny.toml", "quickstart.toml")

@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support import Fleet, make_state
 
 from echo2.broadcast.relay import RelayServer
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.coordinator import Coordinator
-from echo2.control.state import CoordinatorState
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.state import CoordinatorState
 
 TOKEN = "bcast-token"
 CHUNK = 64 * 1024

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from support import make_state
 
-from echo2.control.client import CoordinatorClient, RetryPolicy, ServerError, Unreachable, refusal
-from echo2.control.coordinator import Coordinator
-from echo2.control.errors import (
+from echo2.coordinator.server import Coordinator
+from echo2.wire.client import CoordinatorClient, RetryPolicy, ServerError, Unreachable, refusal
+from echo2.wire.errors import (
     Forbidden,
     Invalid,
     LeaseExpired,
@@ -26,7 +26,7 @@ from echo2.control.errors import (
     Unauthorized,
     UnknownWorker,
 )
-from echo2.control.protocol import (
+from echo2.wire.protocol import (
     HeartbeatRequest,
     LeaseRequest,
     PushRequest,
@@ -260,7 +260,7 @@ def test_close_is_idempotent():
 def test_the_policy_backoff_doubles_up_to_its_cap():
     """The one backoff: what tenacity waits between calls and what the broadcast client waits
     before asking the learner for a stream again."""
-    from echo2.control.client import RetryPolicy
+    from echo2.wire.client import RetryPolicy
 
     policy = RetryPolicy(initial_delay=0.2, max_delay=5.0)
     assert [policy.delay(k) for k in range(6)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0]

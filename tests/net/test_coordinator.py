@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 from support import FakeClock, make_state
 
-from echo2.control.coordinator import Coordinator
-from echo2.control.errors import Released
-from echo2.control.publisher import Publisher
+from echo2.coordinator.publisher import Publisher
+from echo2.coordinator.server import Coordinator
+from echo2.wire.errors import Released
 
 TOKEN = "secret-token"
 CREDENTIALS: dict[str, str] = {}
@@ -285,7 +285,7 @@ def test_scheduler_in_the_coordinator_state():
     """Standby workers get no leases; the cheapest per unit throughput are activated after the
     sustained interval; a lost worker is replaced within one heartbeat timeout; decisions are kept
     with their reasons."""
-    from echo2.control.scheduler import Scheduler
+    from echo2.fleet.scheduler import Scheduler
 
     clock = FakeClock()
     state = make_state(clock, scheduler=Scheduler(sustain_s=20.0), target=lambda: 2.0)
@@ -318,7 +318,7 @@ class FakeProvider:
     """Records start/stop calls; a started slot runs until stopped."""
 
     def __init__(self, offers) -> None:
-        from echo2.control.selection import WorkerOffer
+        from echo2.fleet.selection import WorkerOffer
 
         self.all = {name: WorkerOffer(name=name, throughput=mu, price=price) for name, mu, price in offers}
         self.live: set[str] = set()
@@ -349,8 +349,8 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
     """With a provider, standby workers are offers, not processes: activation starts one (counted
     while it starts, so no double start), release stops it (released, not lost, not replaced), and a
     silent worker is stopped as failed and replaced at once."""
-    from echo2.control.registry import WorkerStatus
-    from echo2.control.scheduler import Scheduler
+    from echo2.coordinator.registry import WorkerStatus
+    from echo2.fleet.scheduler import Scheduler
 
     clock = FakeClock()
     target = {"mu": 2.0}
@@ -513,8 +513,8 @@ def test_a_large_push_is_parsed_in_the_parser_process_and_answered_as_in_the_thr
 
 
 def _large_push_cases(server, state, monkeypatch) -> None:
-    from echo2.control import coordinator as coordinator_module
-    from echo2.control.pushparse import IN_THREAD
+    from echo2.coordinator import server as coordinator_module
+    from echo2.coordinator.pushparse import IN_THREAD
 
     wid = register(server)  # starts the parser process
     while server.parser.outcome(b"{}", wid, {}) is None:  # until it is ready

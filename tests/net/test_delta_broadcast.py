@@ -20,12 +20,12 @@ from support import Fleet, make_state
 
 from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.relay import ChunkStore
-from echo2.control.broadcast import BroadcastPolicy
-from echo2.control.client import CoordinatorClient
-from echo2.control.coordinator import Coordinator
-from echo2.control.protocol import RegisterRequest
+from echo2.broadcast.tracker import BroadcastPolicy
+from echo2.coordinator.server import Coordinator
 from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.broadcast_peer import BroadcastPeer
+from echo2.wire.client import CoordinatorClient
+from echo2.wire.protocol import RegisterRequest
 
 TOKEN = "delta-token"
 CHUNK = 4 * 1024

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import FakeClock, make_state
 
-from echo2.control.coordinator import Coordinator
-from echo2.control.status_page import COOKIE, session_value
+from echo2.coordinator.server import Coordinator
+from echo2.coordinator.status_page import COOKIE, session_value
 
 TOKEN = "page-token-123"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

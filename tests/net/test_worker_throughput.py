@@ -12,9 +12,9 @@ import time
 from support import TINY
 
 from echo2.config import load_config
-from echo2.control.remote import RemoteRollout
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
+from echo2.learning.sources.remote import RemoteRollout
 from echo2.rollout.worker import Worker
 from echo2.rollout.worker_config import WorkerConfig
 

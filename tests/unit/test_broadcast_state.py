@@ -1,4 +1,4 @@
-"""The learner's broadcast bookkeeping (control/broadcast.py): plans, routes, failures, T_bcast and
+"""The learner's broadcast bookkeeping (broadcast/tracker.py): plans, routes, failures, T_bcast and
 eviction, driven with explicit times and no network."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import hashlib
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.broadcast.blob import make_blob
 from echo2.broadcast.chunks import verify_chunk, verify_manifest
-from echo2.control.blob import make_blob
-from echo2.control.broadcast import BroadcastPolicy, BroadcastState, Peer, WrongSnapshot
+from echo2.broadcast.tracker import BroadcastPolicy, BroadcastState, Peer, WrongSnapshot
 
 KEY = Ed25519PrivateKey.generate()
 BW = 1e6

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo2.control import capacity as cap
+from echo2.planning import capacity as cap
 
 
 def test_mu_min_hand_computed():

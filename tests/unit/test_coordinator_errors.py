@@ -1,4 +1,4 @@
-"""The one refusal hierarchy (control/errors.py) over the wire and back: each refusal gets its class's
+"""The one refusal hierarchy (wire/errors.py) over the wire and back: each refusal gets its class's
 status and `{"error": reason, "detail": detail}` from the coordinator, and the client raises that
 same class again from the answer, for every reason the coordinator sends."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from echo2.control import client, errors
-from echo2.control.errors import INVALID, Reason
-from echo2.control.http import refusal
+from echo2.coordinator.http import refusal
+from echo2.wire import client, errors
+from echo2.wire.errors import INVALID, Reason
 
 
 @pytest.mark.parametrize(

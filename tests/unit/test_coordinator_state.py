@@ -12,14 +12,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support import LIMITS, FakeClock, make_state
 
 from echo2.broadcast.chunks import public_key_hex
-from echo2.control.errors import InvalidBatch, LeaseExpired, Released, Stale, UnknownWorker
-from echo2.control.fleet import Call, Fleet, Slots
-from echo2.control.leases import Leases, Work
-from echo2.control.registry import Registry, WorkerStatus
-from echo2.control.scheduler import Kind, Scheduler
-from echo2.control.selection import WorkerOffer
+from echo2.coordinator.activation import Call, Fleet, Slots
+from echo2.coordinator.leases import Leases, Work
+from echo2.coordinator.registry import Registry, WorkerStatus
 from echo2.data.buffer import ReplayBuffer
+from echo2.fleet.scheduler import Kind, Scheduler
+from echo2.fleet.selection import WorkerOffer
 from echo2.records import Trajectory
+from echo2.wire.errors import InvalidBatch, LeaseExpired, Released, Stale, UnknownWorker
 
 
 def ids(prefix: str = "id"):

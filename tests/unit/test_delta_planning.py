@@ -12,8 +12,8 @@ import pytest
 
 from echo2.broadcast.plan import broadcast_time
 from echo2.cli import main
-from echo2.control import capacity
-from echo2.control.plan import PlanInput, Pool, make_plan, render
+from echo2.planning import capacity
+from echo2.planning.plan import PlanInput, Pool, make_plan, render
 from echo2.sim.model import Simulation, simulate
 from echo2.sim.report import metrics
 from echo2.sim.scenario import validate

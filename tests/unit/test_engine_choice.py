@@ -11,8 +11,8 @@ from support import TINY
 
 from echo2.cli import main
 from echo2.config import Config, ConfigError, RolloutConfig, TinyModelConfig
+from echo2.learning.engine import learner_engine
 from echo2.rollout.engine import HFEngine
-from echo2.rollout.engines import learner_engine
 from echo2.rollout.vllm_engine import VLLMEngine
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from echo2.config import Config, HFModelConfig, LearnerConfig, RolloutConfig, TinyModelConfig
+from echo2.learning.engine import learner_engine
 from echo2.rollout.engine import HFEngine
-from echo2.rollout.engines import engine_dtype, hf_dtype, learner_engine
+from echo2.rollout.engines import engine_dtype, hf_dtype
 
 
 class _Handed(Exception):

@@ -12,8 +12,8 @@ import torch
 from support import TINY
 
 from echo2.config import EnvTaskConfig, load_config
+from echo2.data.envs.base import EnvTask, StepResult, to_messages
 from echo2.data.tasks.base import to_tensors
-from echo2.envs.base import EnvTask, StepResult, to_messages
 from echo2.learning.grpo import batch_advantages, group_advantages
 from echo2.models import load_tokenizer
 from echo2.rollout.engine import Sample

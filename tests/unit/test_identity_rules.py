@@ -1,11 +1,11 @@
-"""The pure identity rules (control/identity.py) and transfer cross-check (control/transfers.py)."""
+"""The pure identity rules (wire/identity.py) and transfer cross-check (broadcast/transfers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from echo2.control import identity
-from echo2.control.transfers import MAX_PENDING, TransferLedger
+from echo2.broadcast.transfers import MAX_PENDING, TransferLedger
+from echo2.wire import identity
 
 
 def test_credentials_name_their_worker_and_only_their_secret_matches():

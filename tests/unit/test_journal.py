@@ -1,4 +1,4 @@
-"""The accepted-records journal (control/journal.py): what a checkpoint misses is replayed, nothing
+"""The accepted-records journal (coordinator/journal.py): what a checkpoint misses is replayed, nothing
 twice, records newer than the resumed learner wait for it, and a torn last line is cut off.
 
 What was seen: 24 of 72 accepted records were lost at resume (those accepted after the last
@@ -10,7 +10,7 @@ import json
 
 from support import make_state
 
-from echo2.control import journal
+from echo2.coordinator import journal
 from echo2.data.buffer import ReplayBuffer
 from echo2.records import Trajectory
 

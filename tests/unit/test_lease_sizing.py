@@ -1,5 +1,5 @@
 """Lease sizing from a worker's throughput and the lease timeout, and the delivered rate the
-coordinator measures a worker by (control/leases.py), with hand-computed numbers; then the façade:
+coordinator measures a worker by (coordinator/leases.py), with hand-computed numbers; then the façade:
 a worker that declares too high a rate is sized, and ranked, by what it delivers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import FakeClock, make_state
 
-from echo2.control.leases import LEASE_SAFETY, SPELLS, Delivery, lease_deadline, lease_groups
+from echo2.coordinator.leases import LEASE_SAFETY, SPELLS, Delivery, lease_deadline, lease_groups
 from echo2.records import Trajectory
 
 

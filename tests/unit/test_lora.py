@@ -9,11 +9,11 @@ import torch
 from safetensors.torch import load
 
 from echo2.config import ArithmeticTaskConfig, ConfigError, LearnerConfig, LoraConfig, build_config
-from echo2.control.remote import serialise
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.loop import make_snapshot
 from echo2.learning.lora import adapter_state, apply_lora, engine_copy, is_lora
+from echo2.learning.sources.remote import serialise
 from echo2.learning.step import make_optimizer, response_logprobs
 from echo2.models import merge_adapter
 from echo2.records import Snapshot

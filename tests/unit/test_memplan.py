@@ -1,4 +1,4 @@
-"""The memory plan (echo2/memplan.py, `echo2 plan --memory`): its figures against hand arithmetic
+"""The memory plan (echo2/planning/memory.py, `echo2 plan --memory`): its figures against hand arithmetic
 (parameters x bytes, the published parameter counts), the verdicts issue 21 asks for, its activation
 count against the tensors a small Qwen3 layer really saves, and the command line."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from echo2 import memplan
 from echo2.cli import main
-from echo2.memplan import ARCHS, GPUS, GiB, Workload, plan_memory
+from echo2.planning import memory as memplan
+from echo2.planning.memory import ARCHS, GPUS, GiB, Workload, plan_memory
 
 # Published sizes, typed here from the Hub, not taken from memplan: hand arithmetic is params x bytes.
 PUBLISHED = {"qwen3-4b": 4.02e9, "qwen3-8b": 8.19e9, "qwq-32b": 32.76e9}
@@ -196,7 +196,7 @@ def test_gpu_names_and_sizes():
 
 def test_cuda_micro_batch_default_is_the_learners():
     device = pytest.importorskip("echo2.learning.device")
-    from echo2.memplan_cli import CUDA_MICRO_BATCH_TOKENS
+    from echo2.planning.memory_cli import CUDA_MICRO_BATCH_TOKENS
 
     assert device.MICRO_BATCH_TOKENS["cuda"] == CUDA_MICRO_BATCH_TOKENS
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from echo2.cli import main
-from echo2.control.plan import PlanInput, Pool, make_plan
+from echo2.planning.plan import PlanInput, Pool, make_plan
 
 POOL = Pool.model_validate(
     {

@@ -9,9 +9,9 @@ import warnings
 import pytest
 
 from echo2.config import ConfigError, EnvTaskConfig
-from echo2.envs import make_env_task, parse_env_spec
-from echo2.envs.base import extract_answer, to_messages
-from echo2.envs.poker import BB, OPPONENTS, Action, PokerEnv, legal, parse_action
+from echo2.data.envs import make_env_task, parse_env_spec
+from echo2.data.envs.base import extract_answer, to_messages
+from echo2.data.envs.poker import BB, OPPONENTS, Action, PokerEnv, legal, parse_action
 
 
 def _deal(env: PokerEnv):

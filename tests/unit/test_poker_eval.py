@@ -144,7 +144,7 @@ def test_fold_check_baseline_is_the_malformed_rule(pe, opponent):
     """The reviewer's observation as a check: on every deal, always fold/check wins exactly the chips
     of a policy whose every reply is malformed (the env then checks if it can, else folds)."""
     pytest.importorskip("pokerkit")
-    from echo2.envs.poker import PokerEnv
+    from echo2.data.envs.poker import PokerEnv
 
     seeds = pe.deal_seeds(40)
     make = lambda: PokerEnv(opponent=opponent, stack_bb=20)  # noqa: E731

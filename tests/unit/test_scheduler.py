@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from echo2.control.scheduler import Role, Scheduler, WorkerView
+from echo2.fleet.scheduler import Role, Scheduler, WorkerView
 
 
 def pool(active_mu: list[float], standby: list[tuple[float, float]] = ((1.0, 0.3), (1.0, 0.9))):

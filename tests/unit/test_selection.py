@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo2.control.selection import WorkerOffer, exact, greedy
+from echo2.fleet.selection import WorkerOffer, exact, greedy
 
 POOL = [
     WorkerOffer(name="cheap-slow", count=4, throughput=1.0, price=0.30),  # rho 0.30

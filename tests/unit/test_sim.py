@@ -12,8 +12,8 @@ import pytest
 
 from echo2.broadcast.plan import PeerInfo, build_chains, build_star, chain_broadcast_time
 from echo2.cli import main
-from echo2.control import capacity
-from echo2.control.scheduler import Role, WorkerView
+from echo2.fleet.scheduler import Role, WorkerView
+from echo2.planning import capacity
 from echo2.sim.broadcast import Transfer, fair_shares
 from echo2.sim.fleet import RandomActivation
 from echo2.sim.model import Simulation, simulate

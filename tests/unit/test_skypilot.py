@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 
 from echo2.config import SchedulerConfig, SkyPilotConfig
-from echo2.control.fleet import Fleet, Slots
-from echo2.control.registry import Registry
-from echo2.control.scheduler import Action, Scheduler
-from echo2.control.skypilot import CostMeter, Outcome, SkyPilotFleet
+from echo2.coordinator.activation import Fleet, Slots
+from echo2.coordinator.registry import Registry
+from echo2.fleet.providers.skypilot.provider import CostMeter, Outcome, SkyPilotFleet
+from echo2.fleet.scheduler import Action, Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -321,7 +321,7 @@ from pathlib import Path
 from types import SimpleNamespace
 sys.path.insert(0, {tests!r})
 from test_skypilot import FakeSky, sky_config, fake_build
-from echo2.control.skypilot import SkyPilotFleet
+from echo2.fleet.providers.skypilot.provider import SkyPilotFleet
 
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # as `echo2 learner` does
 sky = FakeSky(delay=0, log=Path({log!r}))

@@ -19,9 +19,16 @@ from types import SimpleNamespace
 import pytest
 
 from echo2.config import ConfigError
-from echo2.control.skypilot import SkyPilotFleet, make_fleet
-from echo2.control.skypilot_client import BRIDGE, BridgeClient, BridgeError, Outcome, bridge_env, check_python
-from echo2.control.skypilot_task import TOKEN_ENV, task_config
+from echo2.fleet.providers.skypilot.client import (
+    BRIDGE,
+    BridgeClient,
+    BridgeError,
+    Outcome,
+    bridge_env,
+    check_python,
+)
+from echo2.fleet.providers.skypilot.provider import SkyPilotFleet, make_fleet
+from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_skypilot import sky_config  # noqa: E402
@@ -175,7 +182,7 @@ def test_make_fleet_checks_the_interpreter_and_starts_no_bridge(monkeypatch, tmp
     with pytest.raises(ConfigError, match=r"scheduler\.skypilot\.python"):
         make_fleet(missing, initial=1)
     monkeypatch.setenv("PYTHONPATH", "ignored")  # the learner's path is not the bridge's
-    monkeypatch.setattr("echo2.control.skypilot.check_python", lambda python: {"sky": "x"})
+    monkeypatch.setattr("echo2.fleet.providers.skypilot.provider.check_python", lambda python: {"sky": "x"})
     config = SimpleNamespace(scheduler=SimpleNamespace(skypilot=sky_config(python=sys.executable)), run=run)
     fleet = make_fleet(config, initial=1)
     assert isinstance(fleet, SkyPilotFleet) and fleet.client is None and fleet.learner_threads == 3

@@ -17,7 +17,7 @@ import pytest
 
 from echo2.cli import main as cli_main
 from echo2.config import ConfigError, SkyPilotConfig
-from echo2.control.catalog import Throughputs, candidates, read_catalog, sky_catalog, sky_catalog_dir
+from echo2.planning.catalog import Throughputs, candidates, read_catalog, sky_catalog, sky_catalog_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "tests" / "fixtures" / "skypilot_catalog"
@@ -89,7 +89,7 @@ def test_the_base_install_never_imports_sky():
     code = (
         "import sys\n"
         "from echo2.cli import main\n"
-        "import echo2.control.skypilot, echo2.control.catalog, echo2.config\n"
+        "import echo2.fleet.providers.skypilot.provider, echo2.planning.catalog, echo2.config\n"
         f"rc = main(['plan', '--catalog', 'skypilot', '--catalog-dir', {str(CATALOG)!r}, '--throughputs', "
         f"{str(THROUGHPUTS)!r}, '--t-train', '20', '--t-bcast', '6', '--batch', '64', '--staleness', '4', '--dry-run'])\n"
         "assert rc == 0, rc\n"

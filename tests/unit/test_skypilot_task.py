@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from echo2.config import build_config
-from echo2.control.skypilot import SkyPilotFleet, make_fleet
-from echo2.control.skypilot_client import BridgeClient, bridge_env, check_python
-from echo2.control.skypilot_task import TOKEN_ENV, task_config
+from echo2.fleet.providers.skypilot.client import BridgeClient, bridge_env, check_python
+from echo2.fleet.providers.skypilot.provider import SkyPilotFleet, make_fleet
+from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "tests" / "fixtures" / "skypilot_catalog"

@@ -14,7 +14,6 @@ from safetensors.torch import save
 
 from echo2.broadcast.chunks import SnapshotBytes, make_manifest, public_key_hex, split
 from echo2.broadcast.relay import ChunkStore
-from echo2.control.protocol import Route
 from echo2.records import LORA_A, LORA_B, Snapshot
 from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.safetensors_view import SafetensorsView
@@ -28,6 +27,7 @@ from echo2.rollout.vllm_ext import (
 )
 from echo2.rollout.worker import Worker
 from echo2.rollout.worker_config import WorkerConfig
+from echo2.wire.protocol import Route
 
 LLAMA_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 """vllm/model_executor/models/llama.py (and qwen3.py) `packed_modules_mapping`."""

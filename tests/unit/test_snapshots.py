@@ -14,9 +14,9 @@ from safetensors.torch import load, save
 
 from echo2.broadcast.chunks import SnapshotBytes, split
 from echo2.config import LearnerConfig
-from echo2.control.remote import serialise
 from echo2.learning import distributed
 from echo2.learning.device import snapshot_state
+from echo2.learning.sources.remote import serialise
 from echo2.models import install_state, tied_names
 from echo2.records import Snapshot
 from echo2.rollout.engine import HFEngine

@@ -10,10 +10,10 @@ from support import TINY
 from echo2.config import load_config
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
-from echo2.learning.source import SourceSpec, make_source
+from echo2.learning.sources import SourceSpec, make_source
+from echo2.learning.sources.local import LocalRollout
 from echo2.records import Snapshot, StepReport
 from echo2.rollout.engine import Sample
-from echo2.rollout.local import LocalRollout
 
 
 class RecordingEngine:

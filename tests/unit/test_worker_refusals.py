@@ -1,7 +1,7 @@
 """The worker acts on every refusal the protocol defines without dying: `lease_limit` (429) gives back
 what it holds, pauses and carries on; `quarantined` ends the run and `echo2 worker` stops with one
 line and exit status 1, as does any other refusal it does not act on. The refusals are made by the
-real client from the coordinator's answers (control/client.py: `refusal`); the coordinator is a fake
+real client from the coordinator's answers (wire/client.py: `refusal`); the coordinator is a fake
 that records the calls."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from echo2.cli import main
-from echo2.control import client, errors
 from echo2.rollout import worker as worker_module
 from echo2.rollout.worker import Worker
 from echo2.rollout.worker_config import WorkerConfig
+from echo2.wire import client, errors
 
 
 def answer(status: int, reason: str) -> errors.Refused:

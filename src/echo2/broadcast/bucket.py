@@ -1,6 +1,6 @@
 """Token-bucket rate limiter that caps the bytes/s of one link (learner uplink B0 or worker Bw).
 
-Caps the learner's uplink and each of its streams (control/coordinator.py) and each worker's relay
+Caps the learner's uplink and each of its streams (coordinator/server.py) and each worker's relay
 upload and snapshot download (relay.py, rollout/broadcast_client.py); the benchmarks' in-process bandwidth caps are
 these buckets too. One instance may be shared by several concurrent transfers: they then share its
 rate. The bucket starts full; its

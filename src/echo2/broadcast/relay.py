@@ -19,7 +19,7 @@ API, all coroutines run in one event loop::
     url = await relay.start("127.0.0.1", 0)        # serves GET /v1/chunks/{version}; relay.port
     # register: POST {coordinator}/v1/register {"name", "inbound": true, "relay_port": relay.port}
     #   -> worker_id, public_key (hex), run["broadcast"]["progress_timeout_s"]
-    coordinator = await CoordinatorClient.create(coordinator_url, TOKEN)   # control/client.py
+    coordinator = await CoordinatorClient.create(coordinator_url, TOKEN)   # wire/client.py
     client = BroadcastClient(coordinator, store, Receiving(progress_timeout=10.0),
                              worker_id=worker_id, public_key=public_key)
     v = await client.wait_published(after=-1)      # long poll: the newest published version

@@ -61,7 +61,7 @@ class CoordinatorConfig(_Section):
 # ---------------------------------------------------------------------------- scheduler
 class SkyPilotWorkerConfig(_Section):
     """One worker type rented through SkyPilot: what the scheduler weighs (count, throughput, price)
-    and the SkyPilot resources one worker of it runs on (control/skypilot.py builds the task)."""
+    and the SkyPilot resources one worker of it runs on (fleet/providers/skypilot/provider.py builds the task)."""
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9-]*$")
     """Type name; its workers are named NAME-0, NAME-1, ... and so are their clusters (with the
@@ -95,7 +95,7 @@ class SkyPilotConfig(_Section):
     python: str | None = None
     """The python of a venv with SkyPilot installed (e.g. "~/.venvs/sky/bin/python"): SkyPilot's
     pins conflict with echo2's, so the provider drives it through a bridge process run by this
-    interpreter (control/skypilot_bridge.py). Required when the provider runs; `echo2 plan` omits it."""
+    interpreter (fleet/providers/skypilot/bridge.py). Required when the provider runs; `echo2 plan` omits it."""
     install: str = "pip install 'echo2[gpu]'"
     """Setup command that installs echo2 on a rented machine (run once per cluster)."""
     workers: list[SkyPilotWorkerConfig] = Field(min_length=1)
@@ -145,7 +145,7 @@ class SchedulerConfig(_Section):
     emulate: bool = False
     """Local provider: EMULATED workers (no model), each producing its pool entry's throughput."""
     model: Literal["continuous", "paper"] = "continuous"
-    """Capacity model of the target (control/capacity.py): "continuous" for echo2's workers, which
+    """Capacity model of the target (planning/capacity.py): "continuous" for echo2's workers, which
     keep generating while a snapshot is in flight; "paper" for the paper's cycle model, in which
     they stop during a broadcast (more workers; for reproducing the paper)."""
     t_train: float | None = Field(None, gt=0)

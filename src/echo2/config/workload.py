@@ -135,7 +135,7 @@ class CustomTaskConfig(_Section):
 
 
 class EnvTaskConfig(_Section):
-    """A multi-turn environment played in whole episodes (echo2/envs/, docs/tasks.md): the model
+    """A multi-turn environment played in whole episodes (echo2/data/envs/, docs/tasks.md): the model
     acts on each turn, the episode's return is the reward, only its own tokens carry loss."""
 
     type: Literal["env"] = "env"

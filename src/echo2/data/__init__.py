@@ -1,1 +1,1 @@
-"""Data plane: tasks (prompts, rewards, training tensors) and the replay buffer."""
+"""Data plane: tasks (prompts, rewards, training tensors), multi-turn environments (data/envs/) and the replay buffer."""

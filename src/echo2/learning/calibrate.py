@@ -1,6 +1,6 @@
 """T_train before the first step: time one learner step on a synthetic batch of the run's shape.
 
-The scheduler sizes the pool from T_train (control/capacity.py), but the first real step needs
+The scheduler sizes the pool from T_train (planning/capacity.py), but the first real step needs
 rollouts, and rollouts need workers the scheduler has not activated yet. So, unless
 `scheduler.t_train` is configured, the learner times one calibration step before serving: the
 forward and backward pass of a GRPO step on `prompts_per_step` x `group_size` random records of

@@ -12,7 +12,7 @@ divided by the step's token count: the update equals the single-process one.
 
 With one process (no torchrun) every function is the identity or a no-op, so the single-process
 learner runs the same code. Knows nothing of rollouts, tasks or the coordinator, and imports no
-other learning module (device.py, step.py, build.py and lora.py build on it).
+other learning module (device.py, step.py, build.py and learning/lora.py build on it).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Reads top to bottom: load and check task, tokenizer and model (nothing is writte
 directory before they load); evaluate; start the rollout source from the current weights; then per
 step take whole admissible groups from the source, train, advance the version and tell the source
 (it publishes a snapshot when its rule says); evaluate again and checkpoint. The source
-(learning/source.py) is built once by `make_source` from what the caller chose: the learner's own
+(learning/sources/__init__.py) is built once by `make_source` from what the caller chose: the learner's own
 engine taking turns with it, or a coordinator fed by workers. The loop does not know which, and
 speaks to it only through the `RolloutSource` protocol. Rollout engines only ever see snapshots.
 """
@@ -26,20 +26,20 @@ from tqdm import tqdm
 from echo2.config import Config, EnvTaskConfig, LearnerConfig, dump_toml
 from echo2.data.buffer import ReplayBuffer
 from echo2.data.tasks import make_task
-from echo2.export import save_merged, write_hf_files
 from echo2.learning import build, distributed
 from echo2.learning.calibrate import time_train_step
 from echo2.learning.checkpoint import save_checkpoint
 from echo2.learning.device import DTYPES, resolve_device, resolved, resolved_learner, snapshot_state
+from echo2.learning.engine import learner_engine
+from echo2.learning.export import save_merged, write_hf_files
 from echo2.learning.lora import adapter_state, is_lora
-from echo2.learning.source import SourceSpec, make_source
+from echo2.learning.sources import SourceSpec, make_source
 from echo2.learning.step import train_step
 from echo2.learning.verify import StepCheck, sampling_check
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot, StepReport, Trajectory
 from echo2.rollout.collect import evaluate
-from echo2.rollout.engines import learner_engine
 from echo2.rollout.episodes import episode_stats
 from echo2.tracking import Tracker, signal_stats
 

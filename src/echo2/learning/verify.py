@@ -1,6 +1,6 @@
 """What the learner verifies itself before a worker's record moves its weights.
 
-Workers are untrusted: the coordinator's door (control/validate.py) refuses what is malformed, and
+Workers are untrusted: the coordinator's door (wire/validate.py) refuses what is malformed, and
 this module checks what only the learner's side can.
 
 - `TaskReferee` (run by the coordinator state at ingestion, in the learner's process): a record's
@@ -28,11 +28,11 @@ from functools import lru_cache
 
 import torch
 
-from echo2.control.validate import Problem, printable
 from echo2.data.tasks.base import Prompt, Task
 from echo2.records import Trajectory
 from echo2.rollout import sampling
 from echo2.rollout.engine import encode_prompt
+from echo2.wire.validate import Problem, printable
 
 REWARD_TOLERANCE = 1e-6
 """Relative difference between a record's reward and the re-scored one that still agrees."""
@@ -243,7 +243,7 @@ class StepCheck:
 
     def scales(self, records: list[Trajectory], newest: int) -> torch.Tensor:
         """Per-record factor [B] of the bounds: 1 + the record's staleness. A record's version is
-        never older than the one its lease was issued for (control/leases.py), so a worker cannot
+        never older than the one its lease was issued for (coordinator/leases.py), so a worker cannot
         widen its bounds by claiming an older one."""
         version = self.learner_version if self.learner_version is not None else newest + self.staleness
         return torch.tensor([1.0 + max(0, version - r.version) for r in records])

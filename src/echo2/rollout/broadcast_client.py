@@ -2,10 +2,10 @@
 streams chunks from it, verifies each against the signed manifest before storing it, and on a dead,
 stalled or lying parent reports it and resumes from its first missing chunk with the new parent.
 The API is described in broadcast/relay.py's docstring. It lives in rollout/, not broadcast/, because
-it talks to the coordinator: broadcast/ sits below control/ and imports none of it. It does not
+it talks to the coordinator: broadcast/ sits below coordinator/ and imports none of it. It does not
 read the registration: the worker's `Membership` (rollout/membership.py) builds it from the reply.
 
-Every call to the coordinator goes through the worker's `CoordinatorClient` (control/client.py:
+Every call to the coordinator goes through the worker's `CoordinatorClient` (wire/client.py:
 typed refusals, one retry policy); chunk streams use that client's session with their own progress
 timeout, since a stream is not a coordinator call. A relay is untrusted: it is sent no credential,
 its redirects are not followed, and one whose chunks arrive slower than `min_rate_bps` (measured
@@ -43,10 +43,10 @@ from echo2.broadcast.chunks import Manifest, SnapshotBytes, VerificationError, m
 from echo2.broadcast.meter import ParentFailed
 from echo2.broadcast.relay import ChunkStore, mbit
 from echo2.config import BroadcastConfig
-from echo2.control.client import CoordinatorClient
-from echo2.control.errors import NoSnapshot, Refused
-from echo2.control.protocol import FailureRequest, InstalledRequest, Route, RouteRequest
 from echo2.rollout.chunk_download import ChunkDownload, DroppedVersion
+from echo2.wire.client import CoordinatorClient
+from echo2.wire.errors import NoSnapshot, Refused
+from echo2.wire.protocol import FailureRequest, InstalledRequest, Route, RouteRequest
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The rollout step shared by the in-process source (rollout/local.py) and the workers (rollout/worker.py).
+"""The rollout step shared by the in-process source (learning/sources/local.py) and the workers (rollout/worker.py).
 
 Generates n samples per prompt with an engine, scores each on this side with the task's reward, and
 packs them into version-tagged trajectory records. Also scores held-out accuracy greedily.

@@ -1,8 +1,8 @@
 """Which engine generates where: the factory for the learner's in-process engine and a worker's.
 
-`learner_engine` builds the engine `echo2 run`/`echo2 learner` generate or evaluate with, from the
-learner's policy; `worker_engine` the one `echo2 worker` generates with, from the model section
-alone (its weights arrive as snapshots). Both put the engine on a device in the dtype snapshots
+`worker_engine` builds the engine `echo2 worker` generates with, from the model section alone (its
+weights arrive as snapshots); the learner's own engine, built from its policy, is
+learning/engine.py's `learner_engine`, from the same parts. Both put the engine on a device in the dtype snapshots
 arrive in (`engine_dtype`). Under torchrun (WORLD_SIZE > 1) the learner never builds vLLM: vLLM's
 in-process engine would find echo2's NCCL world initialised and build its groups over every rank
 with `new_group`, which the other ranks never call, so rank 0 would hang (vllm/distributed/
@@ -42,54 +42,6 @@ def hf_dtype(config: LearnerConfig, device: torch.device) -> torch.dtype:
     """The HF engine's dtype: the snapshot dtype on a GPU; fp32 on the CPU, as before (transformers'
     CPU kernels gain little from bf16, and CPU results stay what they were)."""
     return engine_dtype(config, device) if device.type == "cuda" else torch.float32
-
-
-def learner_engine(config: Config, *, model, tokenizer, version: int, device: torch.device) -> Engine:
-    """The learner's own engine (rollouts in `echo2 run`, evaluation everywhere), generating with
-    `model`'s current weights. `model` is the learner's CPU policy before placement, possibly
-    LoRA-wrapped: the engine gets a copy (its base weights under LoRA, which adapter snapshots merge
-    into) and `model` itself is left as it was."""
-    from echo2.learning.lora import engine_copy, is_lora
-
-    rcfg = config.rollout
-    engine = rcfg.engine
-    world = torchrun_world()
-    if engine == "vllm" and world > 1:
-        logger.warning(
-            "rollout.engine = vllm: under torchrun (WORLD_SIZE=%d) the learner evaluates with the hf "
-            "engine on %s instead (an in-process vLLM would build its process groups over echo2's NCCL "
-            "world, which only rank 0 joins, and hang); workers still use vllm",
-            world,
-            device,
-        )
-        engine = "hf"
-    if engine == "hf":
-        return HFEngine(
-            engine_copy(model),
-            tokenizer,
-            rcfg,
-            version=version,
-            device=device,
-            dtype=hf_dtype(config.learner, device),
-        )
-    from echo2.rollout.vllm_engine import make_engine, model_source
-
-    lora = is_lora(model)
-    # vLLM loads model.path itself, in the engine's dtype (no copy written), when the engine's weights
-    # are the section's: at version 0, or always under LoRA (the base never trains).
-    source = model_source(config.model) if version == 0 or lora else None
-    return make_engine(
-        rcfg,
-        model=engine_copy(model) if source is None or lora else None,
-        tokenizer=tokenizer,
-        version=version,
-        seed=config.run.seed,
-        dtype=vllm_dtype(config.learner, device),
-        adapters=lora,
-        model_dir=source,
-        shared=device.type == "cuda",  # the learner trains on this GPU too
-        device_kind="cuda" if device.type == "cuda" else "cpu",
-    )
 
 
 def vllm_dtype(config: LearnerConfig, device: torch.device) -> str:

@@ -25,8 +25,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from echo2.data.envs.base import Environment, EnvTask, user_turn
 from echo2.data.tasks.base import Prompt
-from echo2.envs.base import Environment, EnvTask, user_turn
 from echo2.models import chat_template_kwargs
 from echo2.records import Trajectory
 from echo2.rollout.engine import Engine, encode_prompts

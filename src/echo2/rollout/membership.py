@@ -3,7 +3,7 @@ the broadcast-only peer (rollout/broadcast_peer.py), which each compose one `Mem
 
 Owns the coordinator client, the relay server and its chunk stores (full snapshots, deltas), the registration and the
 `BroadcastClient` it yields, heartbeats, and the relay's reports of what it sent. It acts on the
-refusals every worker meets the same way (control/errors.py): `UnknownWorker` or `Forbidden`
+refusals every worker meets the same way (wire/errors.py): `UnknownWorker` or `Forbidden`
 (coordinator restarted, or this worker was marked lost) registers again, by one route (`rejoin`),
 whoever sees it first; `Released` (and `RunFinished`) stops the worker. It does not know what the
 worker does between heartbeats: its owner says what version it runs and how fast (`version`,
@@ -25,12 +25,12 @@ from collections.abc import Awaitable, Callable
 from echo2.aio import sleep_unless
 from echo2.broadcast.chunks import SnapshotBytes
 from echo2.broadcast.relay import ChunkStore, RelayServer, mbit
-from echo2.control import identity
-from echo2.control.client import CoordinatorClient, RetryPolicy, Unreachable
-from echo2.control.errors import Forbidden, Refused, Released, RunFinished, UnknownWorker
-from echo2.control.protocol import HeartbeatRequest, RegisterRequest, RegisterResponse, SentRequest
 from echo2.rollout.broadcast_client import BroadcastClient, Receiving
 from echo2.rollout.worker_config import KeyChanged, PeerConfig, RelayStartError
+from echo2.wire import identity
+from echo2.wire.client import CoordinatorClient, RetryPolicy, Unreachable
+from echo2.wire.errors import Forbidden, Refused, Released, RunFinished, UnknownWorker
+from echo2.wire.protocol import HeartbeatRequest, RegisterRequest, RegisterResponse, SentRequest
 
 logger = logging.getLogger(__name__)
 

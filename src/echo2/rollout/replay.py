@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
+from echo2.data.envs.base import EnvTask
 from echo2.data.tasks.base import Prompt
-from echo2.envs.base import EnvTask
 from echo2.records import Trajectory
 from echo2.rollout.episodes import ChatTokens
 

@@ -41,7 +41,7 @@ vs fp32), never the noise. A bf16 HF engine's margins against the fp32 learner r
 43%): docs/security.md, verifiable sampling, with the commands."""
 SEED_KEY = "lease_seed"
 """Record metadata key of the lease's sampling seed: written by the coordinator when it accepts the
-record (control/leases.py), overwriting whatever the worker sent."""
+record (coordinator/leases.py), overwriting whatever the worker sent."""
 SAMPLE_KEY = "sample"
 """Record metadata key of the record's index in its group (0 .. n-1, each once per group): with the
 group id, its record key."""

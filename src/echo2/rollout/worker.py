@@ -5,7 +5,7 @@ Owns the worker's side of the protocol (docs/protocol.md) that needs an engine, 
 (registration, heartbeats, snapshot following, re-registration after an unknown-worker refusal,
 stopping when released, the pinned learner key) is a `Membership` (rollout/membership.py), the
 piece it shares with the broadcast-only peer. It acts on the refusals that concern its work
-(control/errors.py): `Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the coordinator
+(wire/errors.py): `Stale`, `LeaseExpired` and `Invalid` on a push drop the batch (the coordinator
 reissues its prompts; an `Invalid` batch's lease is given back at once); `LeaseLimit` returns every
 lease it holds and pauses before leasing again; any other refusal with a 4xx status and a reason
 (a rate limit, a conflict, a reason newer than this worker) returns every lease it holds and backs
@@ -21,7 +21,7 @@ declares its rate) sends that figure in its registration; any other times a cali
 of the run's shape once its model is loaded (`CALIBRATION_GROUPS` prompts of the task) and reports
 the rate in a heartbeat before its first lease, so that the scheduler ranks it and the coordinator
 sizes its leases from the start. The coordinator replaces either figure with what the worker
-delivers once it has measured it (control/leases.py: `Delivery`).
+delivers once it has measured it (coordinator/leases.py: `Delivery`).
 
 Snapshots arrive in a task of their own (`BroadcastClient.follow`: verified chunks from the parent
 the coordinator names, relayed to this worker's child with `inbound`) while the worker keeps
@@ -40,8 +40,10 @@ from typing import TYPE_CHECKING
 
 from echo2.aio import sleep_unless
 from echo2.broadcast.chunks import SnapshotBytes
-from echo2.control.client import Unreachable
-from echo2.control.errors import (
+from echo2.rollout.membership import Membership
+from echo2.rollout.worker_config import WorkerConfig
+from echo2.wire.client import Unreachable
+from echo2.wire.errors import (
     Forbidden,
     Invalid,
     LeaseExpired,
@@ -52,9 +54,7 @@ from echo2.control.errors import (
     Stale,
     UnknownWorker,
 )
-from echo2.control.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest, WireRecord
-from echo2.rollout.membership import Membership
-from echo2.rollout.worker_config import WorkerConfig
+from echo2.wire.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest, WireRecord
 
 if TYPE_CHECKING:
     from echo2.config import Config

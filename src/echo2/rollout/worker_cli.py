@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from echo2.control.errors import Quarantined, Refused, Released, Unauthorized
     from echo2.rollout.worker import Worker
+    from echo2.wire.errors import Quarantined, Refused, Released, Unauthorized
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from echo2.config import ConfigError
-from echo2.control.protocol import HOST_PATTERN
+from echo2.wire.protocol import HOST_PATTERN
 
 
 class PeerConfig(BaseModel):

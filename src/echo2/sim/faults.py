@@ -5,7 +5,7 @@ A fault names a worker, or a role resolved at fault time from the broadcast plan
 seed of a chain with a child; "tail": the tail of the longest chain). A dropped worker stops at
 once. A relay's chain child notices first, as the runtime client does: it reads nothing for
 `broadcast.progress_timeout_s`, reports its parent failed, and the coordinator excises the parent
-and routes the child to the parent's own parent (control/broadcast.py `failure`). The coordinator
+and routes the child to the parent's own parent (broadcast/tracker.py `failure`). The coordinator
 marks the worker lost, for the scheduler, only after the heartbeat timeout.
 
 Owns the fault records and the detection delay. Knows nothing of how chains are scheduled, rounds

@@ -21,9 +21,9 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from echo2.control import capacity
-from echo2.control.scheduler import Action, Decision, Role, Scheduler, WorkerView
-from echo2.control.selection import WorkerOffer, exact
+from echo2.fleet.scheduler import Action, Decision, Role, Scheduler, WorkerView
+from echo2.fleet.selection import WorkerOffer, exact
+from echo2.planning import capacity
 from echo2.sim.dissemination import Dissemination
 from echo2.sim.rollout import Rollout
 from echo2.sim.state import SimWorker, World

@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from echo2.control import capacity
+from echo2.planning import capacity
 from echo2.sim.model import Simulation
 
 

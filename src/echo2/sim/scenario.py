@@ -27,7 +27,7 @@ from echo2.config import (
     set_dotted,
     validation_message,
 )
-from echo2.control import capacity
+from echo2.planning import capacity
 
 SELECTORS = ("forwarder", "tail")
 """Fault targets chosen at fault time from the current broadcast plan (see `FaultSpec.worker`)."""
@@ -172,7 +172,7 @@ class SchedulerSpec(_Section):
     startup_s: float = Field(0.0, ge=0)
     """Boot time of an activated worker before it fetches the current snapshot."""
     model: Literal["continuous", "paper"] | None = None
-    """Capacity model of the target and the initial pool (control/capacity.py); default follows
+    """Capacity model of the target and the initial pool (planning/capacity.py); default follows
     rollout.keep_generating: "continuous" when workers keep generating (echo2), "paper" when they
     stop during a broadcast (the paper's assumption)."""
 

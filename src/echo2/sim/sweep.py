@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from echo2.broadcast.plan import lower_bound
-from echo2.control.plan import PlanInput, Pool, make_plan
+from echo2.planning.plan import PlanInput, Pool, make_plan
 from echo2.sim.model import simulate
 from echo2.sim.report import metrics, with_baseline
 from echo2.sim.scenario import Scenario, SweepSpec

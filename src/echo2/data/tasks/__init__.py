@@ -34,7 +34,7 @@ def make_task(
             raise ConfigError(f"task.factory: cannot load {config.factory!r}: {e}") from None
         return factory(seed=seed, **config.options)
     elif config.type == "env":
-        from echo2.envs import make_env_task
+        from echo2.data.envs import make_env_task
 
         return make_env_task(config, seed=seed)
     raise AssertionError(config.type)

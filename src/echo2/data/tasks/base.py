@@ -78,7 +78,7 @@ class Task(Protocol):
 
     reward_range: tuple[float, float]
     """(low, high): every reward `score` can give. The coordinator refuses records outside it.
-    Optional: a task without it gets control/validate.py's DEFAULT_REWARD_RANGE."""
+    Optional: a task without it gets wire/validate.py's DEFAULT_REWARD_RANGE."""
     verifiable: bool
     """Whether `score` is a deterministic function of prompt and response text, so the learner
     re-scores each record and refuses those whose reward disagrees. Optional (default True); a
