@@ -12,7 +12,14 @@ engine=vllm
 if nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then engine=gpu; fi
 bash scripts/setup.sh "test,$engine,track,poker"
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
-ruff check src tests bench
-pytest -m "not slow" "$@"
+# Every part runs, whatever an earlier one did; the script fails at the end, naming what failed.
+failed=()
+ruff check src tests bench || failed+=("ruff check")
+pytest -m "not slow" "$@" || failed+=("pytest")
 # the SkyPilot provider against SkyPilot's own classes, in a venv of its own (scripts/test_skypilot.sh)
-bash scripts/test_skypilot.sh
+bash scripts/test_skypilot.sh || failed+=("scripts/test_skypilot.sh")
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "scripts/test.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "scripts/test.sh: all parts passed"

