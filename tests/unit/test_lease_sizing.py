@@ -186,6 +186,33 @@ def test_a_worker_that_declares_too_much_is_sized_by_what_it_delivers():
     assert len(third.indices) == math.floor(0.5 * 30 * 16 / 47 / 2) == 2
 
 
+def test_a_lone_workers_share_is_the_whole_step_however_its_rate_moved():
+    """Measured at 100 traj/s by an expiry round, then delivering 4: it is the whole pool, so its
+    share is the step (8 groups), not 8 * 4/100 -> 1. Before, the round's pool figure was set
+    against today's rate, and under load a lone worker's leases split a step by timing
+    (tests/e2e/test_workers.py::test_one_worker_with_s0_matches_the_in_process_loop then sampled
+    with other seeds than the in-process loop)."""
+    clock = FakeClock()
+    state = make_state(clock, groups_per_lease=8, groups_per_step=8)  # lease timeout 30 s, groups of 2
+    state.publisher.publish(0, b"v0", keep=2)
+    wid = state.register(name="w", hardware="x", price_per_hour=1.0, inbound=False, throughput=100.0).worker_id
+    state.expire()  # the round measures the pool: 100 traj/s
+    assert state.intake.pool_throughput == 100.0
+    first = state.intake.lease(wid, version=0, max_groups=8)
+    assert len(first.indices) == 8
+    clock.now += 4.0
+    state.intake.ingest(wid, first.lease_id, records(first))  # 16 records in 4 s: 4 traj/s
+    assert state.intake.throughput(state.registry.workers[wid], clock.now) == 4.0
+    second = state.intake.lease(wid, version=0, max_groups=8)
+    assert len(second.indices) == 8, "its share of a pool of one is the whole step"
+    # beside a second worker of the round's 100 traj/s, its share is 8 * 4 / 104 -> 1
+    other = state.register(name="o", hardware="x", price_per_hour=1.0, inbound=False, throughput=100.0)
+    state.heartbeat(wid, version=0, throughput=100.0)
+    state.expire()
+    assert state.intake.pool_with(wid, 4.0) == pytest.approx(104.0)
+    assert other.worker_id in state.intake.pool_figures
+
+
 def test_a_slow_workers_single_group_gets_a_deadline_it_can_meet():
     clock = FakeClock()
     state = make_state(clock)  # lease timeout 30 s, groups of 2

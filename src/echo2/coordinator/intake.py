@@ -67,6 +67,8 @@ class Intake:
         """A step's batch in groups, split across the active workers by their throughput."""
         self.pool_throughput = 0.0
         """Trajectories/s of the active workers (not in standby), as of the last expiry round."""
+        self.pool_figures: dict[str, float] = {}
+        """Each active worker's part of `pool_throughput`, as of the same round."""
 
     # ------------------------------------------------------------------ throughput (under the lock)
     def throughput(self, info: WorkerInfo, now: float) -> float | None:
@@ -76,11 +78,19 @@ class Intake:
 
     def measure_pool(self, now: float) -> None:
         """Sum the active workers' throughput (called under the lock, by each expiry round)."""
-        self.pool_throughput = sum(
-            self.throughput(w, now) or 0.0
+        self.pool_figures = {
+            w.worker_id: self.throughput(w, now) or 0.0
             for w in self.registry.workers.values()
             if w.status is WorkerStatus.ACTIVE and not w.standby
-        )
+        }
+        self.pool_throughput = sum(self.pool_figures.values())
+
+    def pool_with(self, worker_id: str, throughput: float | None) -> float:
+        """The pool's throughput with `worker_id` counted at its figure now: a worker's share of a
+        step is its rate over a pool it is part of, so a lone worker's share is the whole step however
+        its rate moved since the last expiry round (it was the round's figure against today's, and a
+        lone worker slowed by half got leases of half a step: a timing-dependent partition)."""
+        return self.pool_throughput - self.pool_figures.get(worker_id, 0.0) + (throughput or 0.0)
 
     def forget(self, worker_id: str) -> None:
         """The worker's registration is forgotten (called under the lock)."""
@@ -111,7 +121,7 @@ class Intake:
             limits, timeout = self.ingestion.limits, self.ingestion.lease_timeout
             groups = lease_groups(
                 throughput=mu,
-                pool_throughput=self.pool_throughput,
+                pool_throughput=self.pool_with(worker_id, mu),
                 groups_per_step=self.groups_per_step,
                 group_size=limits.group_size,
                 lease_timeout=timeout,
