@@ -2,7 +2,7 @@
 
 SkyPilot pins versions echo2's own dependencies refuse (skypilot 0.14 wants click<8.2; the
 huggingface-hub that transformers needs wants click>=8.4), so it lives in a venv of its own and
-the learner never imports it. The provider (skypilot_client.py) starts this file BY PATH with
+the learner never imports it. The provider (client.py) starts this file BY PATH with
 `scheduler.skypilot.python`:
 
     ~/.venvs/sky/bin/python .../echo2/fleet/providers/skypilot/bridge.py
@@ -20,7 +20,7 @@ on stdin is one request, {"id": N, "op": OP, ...}; each line on stdout its reply
                                                    {"done": true, "ok": ..., "value": ..., "error": ...}
     cancel    request_id                        -> null
 
-`task` is the YAML-style dict echo2 builds (skypilot_task.py); `secrets` fills the secrets it
+`task` is the YAML-style dict echo2 builds (task.py); `secrets` fills the secrets it
 declares (`sky.Task.from_yaml_config(..., secrets_overrides=...)`). A secret value never leaves
 this process in a reply or on stderr: both are redacted. Every SDK call returns at once (SkyPilot's
 requests are asynchronous; `poll` reads a finished one only). SkyPilot's own output goes to stderr,

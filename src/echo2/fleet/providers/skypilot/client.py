@@ -1,7 +1,7 @@
 """The provider's SDK boundary (`SkyClient`) and its real implementation, `BridgeClient`.
 
 SkyPilot cannot be installed beside echo2 (its pins conflict with transformers' dependencies),
-so it runs in an interpreter of its own: `BridgeClient` starts skypilot_bridge.py, by path, with
+so it runs in an interpreter of its own: `BridgeClient` starts bridge.py, by path, with
 `scheduler.skypilot.python` and talks to it over JSON lines on its stdin and stdout. Every call
 is a SkyPilot request that returns a request id at once (`poll` reads finished ones only), so the
 provider's background thread waits on the bridge for a round trip, never on a cloud; the
@@ -29,7 +29,7 @@ from echo2.fleet.providers.skypilot.task import TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
-BRIDGE = Path(__file__).with_name("skypilot_bridge.py")
+BRIDGE = Path(__file__).with_name("bridge.py")
 """Run by path with SkyPilot's interpreter: it imports only the standard library and sky."""
 
 
@@ -48,7 +48,7 @@ class SkyClient(Protocol):
     Implemented by `BridgeClient` (SkyPilot's SDK, in its own interpreter) and by the tests' fake."""
 
     def launch(self, task: dict, *, token: str, cluster_name: str, idle_minutes: int) -> str:
-        """Submit a launch of the YAML-style `task` (skypilot_task.task_config) with `token` as
+        """Submit a launch of the YAML-style `task` (task.task_config) with `token` as
         its secret ECHO2_TOKEN, autodown after `idle_minutes` idle; the request id."""
         ...
 
@@ -114,7 +114,7 @@ class BridgeError(RuntimeError):
 
 
 class BridgeClient:
-    """`SkyClient` over skypilot_bridge.py in SkyPilot's own interpreter. Started lazily, and
+    """`SkyClient` over bridge.py in SkyPilot's own interpreter. Started lazily, and
     again after it died; one request at a time (the provider's background thread, and `stop`).
     In a session of its own: a Ctrl-C or SIGTERM to the learner's process group does not end it
     before the learner's `stop` has used it; it ends when its stdin closes (the learner's exit)."""

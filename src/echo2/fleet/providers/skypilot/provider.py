@@ -16,9 +16,9 @@ The worker's bearer token travels as a SkyPilot task *secret* (`ECHO2_TOKEN`, re
 SkyPilot's logs and YAML), never on a command line. `stop()` (the learner's exit, normal, SIGTERM
 or exception: api.py calls it in `finally`) tears down every cluster this provider launched.
 
-The task is a pure YAML-style dict (skypilot_task.py). SkyPilot is reached only through
-`SkyClient` (skypilot_client.py): `BridgeClient` drives SkyPilot's SDK in its own interpreter
-(`scheduler.skypilot.python`, skypilot_bridge.py); tests use a fake that records calls. Never
+The task is a pure YAML-style dict (task.py). SkyPilot is reached only through
+`SkyClient` (client.py): `BridgeClient` drives SkyPilot's SDK in its own interpreter
+(`scheduler.skypilot.python`, bridge.py); tests use a fake that records calls. Never
 imports sky. Knows no scheduler policy.
 """
 

@@ -1,6 +1,6 @@
 """The SkyPilot task of one rented worker, as the YAML-style dict `sky launch task.yaml` reads.
 
-Pure: echo2 never imports sky in the learner's process. The bridge (skypilot_bridge.py, run by
+Pure: echo2 never imports sky in the learner's process. The bridge (bridge.py, run by
 SkyPilot's own interpreter) turns this dict into a `sky.Task` with `sky.Task.from_yaml_config`,
 validates it and launches it. The worker's bearer token is not in the dict: the task declares the
 secret `ECHO2_TOKEN` without a value and the bridge fills it in from the launch request
