@@ -35,7 +35,7 @@ def main() -> None:
         )
         for i in range(8)
     ]
-    body = journal._encode({"accepted": [journal._fields(r) for r in records], "prompts": {"g": 0}, "seq": 1})
+    body = journal._encode({"accepted": records, "prompts": {"g": 0}, "seq": 1})
     key = bytes(32)
     sign, check = [], []
     for _ in range(args.repeats):

@@ -2,8 +2,11 @@
 a learner step it hands its rollout source (learning/sources/__init__.py).
 
 Owns the shape and validation of a record; knows nothing of tensors, models or sockets. A record is
-immutable and round-trips through `to_dict`/`from_dict` (JSON-safe), so the same object travels from
-the rollout plane to the buffer and the learner, in process or over the network.
+immutable and is the one type a trajectory has from the worker to the buffer and the journal: its
+fields are written once, here, with their wire bounds (`Annotated` pydantic constraints, which the
+push model `wire.protocol.PushRequest` applies when it parses a body straight into `Trajectory`s; a
+record made in process is checked only by `__post_init__`). It round-trips through
+`to_dict`/`from_dict` (JSON-safe, the same schema), in process or over the network.
 """
 
 from __future__ import annotations
@@ -12,7 +15,17 @@ import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, TypeAdapter, with_config
+
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+"""Free text a peer sends (names, hardware, record ids): no control characters, so no line of a log
+is forged."""
+MAX_TOKENS = 65536
+"""Tokens of a prompt or a response one record may carry on the wire (and log-probs, mask values)."""
+RecordKey = Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
+"""A record or group id, as workers and tasks make them."""
 
 
 class InvalidTrajectory(ValueError):
@@ -23,24 +36,31 @@ class InvalidTrajectory(ValueError):
         self.reason = reason
 
 
+# NaN and infinities written as JSON's usual NaN/Infinity (as json.dumps does), so a bad value reaches
+# the door as what it is, to be refused by name (`problem`), not as a null
+@with_config(ConfigDict(extra="forbid", ser_json_inf_nan="constants"))
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Trajectory:
     """One sampled response to one prompt, scored on the rollout side."""
 
-    group_id: str
+    group_id: RecordKey
     """All `group_size` samples of one prompt share this id; GRPO normalises within it."""
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    behaviour_logprobs: tuple[float, ...]
+    prompt_ids: Annotated[tuple[int, ...], Field(min_length=1, max_length=MAX_TOKENS)]
+    response_ids: Annotated[tuple[int, ...], Field(max_length=MAX_TOKENS)]
+    behaviour_logprobs: Annotated[tuple[float, ...], Field(max_length=MAX_TOKENS)]
     """log pi_behaviour(token) of each response token, at the sampling temperature."""
-    loss_mask: tuple[int, ...]
+    loss_mask: Annotated[tuple[int, ...], Field(max_length=MAX_TOKENS)]
     """1 for response tokens that carry loss (the task decides), 0 otherwise."""
     reward: float
-    version: int
+    """Checked against the task's reward range by the coordinator (wire/validate.py); a NaN is
+    refused here, as `non_finite_reward`."""
+    version: Annotated[int, Field(ge=0, le=2**62)]
     """Policy version that generated the response."""
     metadata: dict[str, Any] = field(default_factory=dict)
-    """Task data (e.g. reference answer, correctness) kept for metrics."""
-    record_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Task data (e.g. reference answer, correctness) kept for metrics. From a worker: free data
+    of bounded depth and size (wire/validate.py: `metadata_problem`, at the door), and the
+    coordinator's own word on who generated it and the lease's sampling seed."""
+    record_id: RecordKey = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -66,17 +86,22 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        return cls(
-            group_id=str(d["group_id"]),
-            prompt_ids=tuple(int(t) for t in d["prompt_ids"]),
-            response_ids=tuple(int(t) for t in d["response_ids"]),
-            behaviour_logprobs=tuple(float(x) for x in d["behaviour_logprobs"]),
-            loss_mask=tuple(int(x) for x in d["loss_mask"]),
-            reward=float(d["reward"]),
-            version=int(d["version"]),
-            metadata=dict(d.get("metadata", {})),
-            record_id=str(d["record_id"]),
-        )
+        """`to_dict`'s output (or a journal's JSON) back as a record, checked by the wire schema;
+        raises pydantic's ValidationError (InvalidTrajectory's problems among its errors)."""
+        return _RECORD.validate_python(d)
+
+
+_RECORD = TypeAdapter(Trajectory)
+
+
+def invalid_in(errors: list[dict[str, Any]]) -> InvalidTrajectory | None:
+    """The first `InvalidTrajectory` among a ValidationError's `errors()` when every error is one
+    (a record the schema admits but `problem` refuses: lengths, a NaN reward), else None (a body
+    that breaks the schema)."""
+    found = [e.get("ctx", {}).get("error") for e in errors]
+    if found and all(isinstance(x, InvalidTrajectory) for x in found):
+        return found[0]
+    return None
 
 
 LORA_A, LORA_B = ".lora_A", ".lora_B"

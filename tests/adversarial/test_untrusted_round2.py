@@ -391,10 +391,8 @@ def test_an_appended_line_the_learner_did_not_write_is_never_trained(journalled,
     """Four never-pushed records (a prompt no lease handed out, a forged reward), as issue 22 saw."""
     import json
 
-    from echo2.coordinator import journal
-
     path, offset = journalled
-    forged = {"accepted": [journal._fields(_rec("g9", f"x{k}")) for k in range(4)], "prompts": {"g9": 9}}
+    forged = {"accepted": [_rec("g9", f"x{k}").to_dict() for k in range(4)], "prompts": {"g9": 9}}
     with path.open("ab") as f:
         compact = {"separators": (",", ":")}  # the journal's own layout, a made-up MAC
         f.write(json.dumps({**forged, "seq": 4, "mac": "0" * 64}, **compact).encode() + b"\n")
@@ -449,7 +447,7 @@ def test_a_replayed_batch_goes_through_the_door_again(tmp_path, caplog):
     log = journal.Journal(path, epoch="e1")
     log.accepted([_rec("g0", "a", reward=5.0), _rec("g0", "b")], {"g0": 0})
     odd = dataclasses.replace(_rec("g1", "c"), metadata={"note": "\x1b[2J"})
-    log._write({"accepted": [journal._fields(odd), journal._fields(_rec("g1", "d"))], "prompts": {"g1": 1}})
+    log._write({"accepted": [odd, _rec("g1", "d")], "prompts": {"g1": 1}})
     log.accepted([_rec("g2", "e"), _rec("g2", "f")], {"g2": 2})
     log.accepted([_rec("g3", "g"), _rec("g3", "h")], {"g3": 3})
     log.close()

@@ -12,6 +12,7 @@ from aiohttp import web
 from support import make_state
 
 from echo2.coordinator.server import Coordinator
+from echo2.records import Trajectory
 from echo2.wire.client import CoordinatorClient, RetryPolicy, ServerError, Unreachable, refusal
 from echo2.wire.errors import (
     Forbidden,
@@ -33,7 +34,6 @@ from echo2.wire.protocol import (
     RegisterRequest,
     ReturnRequest,
     RouteRequest,
-    WireRecord,
 )
 
 TOKEN = "client-token"
@@ -53,14 +53,14 @@ def coord():
     server.stop()
 
 
-def record(group_id: str, version: int = 0) -> WireRecord:
-    return WireRecord(
+def record(group_id: str, version: int = 0) -> Trajectory:
+    return Trajectory(
         record_id=f"r-{group_id}-{version}",
         group_id=group_id,
-        prompt_ids=[1, 2],
-        response_ids=[3],
-        behaviour_logprobs=[-0.5],
-        loss_mask=[1],
+        prompt_ids=(1, 2),
+        response_ids=(3,),
+        behaviour_logprobs=(-0.5,),
+        loss_mask=(1,),
         reward=1.0,
         version=version,
     )

@@ -3,14 +3,15 @@ the state's one lock (shared.py).
 
 Owns the lease book and the buffer hand-off (leases.py: `Leases`, pure), the strikes and quarantine
 (integrity.py), the referee that checks each record against its task, the accepted-records journal,
-and the lease sizing figures (the active pool's throughput). A push is handled under one acquisition
-of the lock, with one lease check: the batch is screened by the lease's rules (the referee decodes
-token ids, and one outside the vocabulary makes a tokenizer raise), checked by the referee,
-journaled, then stored whole, and a refusal earns its worker a strike. A push is acknowledged only
-once its journal line is written; a journal write that fails raises (the client gets a 500 and
-retries) and nothing is stored, so the retry is not taken for a duplicate.
-The referee runs inside the lock, so a lease cannot expire between its check and the store; the
-learner thread waits at most one batch's check. Knows no HTTP and no snapshot broadcast.
+and the lease sizing figures (the active pool's throughput). A push (`ingest`) reads as three steps:
+check (the door's rules over the batch alone, no lock), referee (the task re-scores each record
+against the prompt leased for its group, outside the lock: it is a push's costly part, and
+heartbeats and the learner wait on the lock), commit (under one acquisition of the lock, one lease
+check: what may have changed meanwhile, a lease expired or a learner step, is refused there; then
+the batch is journaled and stored whole). A refusal earns its worker a strike. A push is
+acknowledged only once its journal line is written; a journal write that fails raises (the client
+gets a 500 and retries) and nothing is stored, so the retry is not taken for a duplicate. Knows no
+HTTP and no snapshot broadcast.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from echo2.coordinator.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.coordinator.shared import Shared
 from echo2.records import Trajectory
 from echo2.wire.errors import InvalidBatch, LeaseLimit, Quarantined, Reason, Refused
-from echo2.wire.validate import Referee, printable, token_problem
+from echo2.wire.validate import Referee, batch_problem, printable, token_problem
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +150,28 @@ class Intake:
                 self._strike(worker_id, RETURNED_UNPUSHED)
 
     # ------------------------------------------------------------------ ingestion
-    def referee_unlocked(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> Lease | None:
-        """Re-score a batch before `ingest` takes the lock (the referee is a push's costly part, and
-        heartbeats wait on the lock): the lease it was checked against, to pass to `ingest`, or
-        None when nothing was checked (no referee; a lease this worker does not hold, or a group
-        outside it, which `ingest` refuses by its rules). A refused record counts as in `ingest`."""
+    def ingest(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> dict[str, int]:
+        """Store a pushed batch whole or not at all: check, referee outside the lock, commit under
+        the lock. A retried batch is acknowledged, stored once; a refusal is counted (most earn
+        their worker a strike) and raised."""
+        self._check(worker_id, records)
+        refereed = self._referee(worker_id, lease_id, records)
+        with self.shared.lock:
+            return self._commit(worker_id, lease_id, records, refereed)
+
+    def _check(self, worker_id: str, records: list[Trajectory]) -> None:
+        """The door's rules over the batch alone (wire/validate.py: no id twice, numbers in range,
+        masks of 0/1): pure, no lock."""
+        problem = batch_problem(records, reward_range=self.ingestion.limits.reward_range)
+        if problem is not None:  # refused whole: nothing stored, only the refusal counted
+            self.refuse(worker_id, problem.reason, len(records))
+            raise InvalidBatch(problem.reason, problem.detail)
+
+    def _referee(self, worker_id: str, lease_id: str, records: list[Trajectory]) -> Lease | None:
+        """Re-score the batch against its task without the lock (the referee is a push's costly
+        part, and heartbeats wait on the lock): the lease it was checked against, or None when
+        nothing was checked (no referee; a lease this worker does not hold, a group outside it, or
+        tokens a tokenizer cannot decode, which the commit's lease check refuses)."""
         if self.referee is None:
             return None
         lease = self.ingestion.leases.get(lease_id)  # one dict read; a lease's index map never changes
@@ -162,8 +180,6 @@ class Intake:
             lease is None
             or lease.worker_id != worker_id
             or any(r.group_id not in lease.index_of for r in records)
-            # what a tokenizer cannot decode (too long, ids outside the vocabulary): `ingest`'s
-            # rules refuse it before any referee would see it
             or any(token_problem(r, lim) is not None for r in records)
         ):
             return None
@@ -174,48 +190,42 @@ class Intake:
                 raise InvalidBatch(problem.reason, problem.detail)
         return lease
 
-    def ingest(
-        self, worker_id: str, lease_id: str, records: list[Trajectory], *, refereed: Lease | None = None
+    def _commit(
+        self, worker_id: str, lease_id: str, records: list[Trajectory], refereed: Lease | None
     ) -> dict[str, int]:
-        """Store a batch whole or not at all, under one acquisition of the lock and one lease check.
-        A retried batch is acknowledged, stored once. With a referee, each fresh record is checked
-        against the prompt leased for its group and the task's reward, after the lease's rules,
-        unless `referee_unlocked` checked them against this very lease (`refereed`)."""
-        with self.shared.lock:
-            now = self.shared.clock()
-            self.registry.get(worker_id, now)
-            self._check_trusted(worker_id)
-            fresh = [r for r in records if not self.buffer.seen(r.record_id)]
-            if not fresh:
-                return {"accepted": 0, "duplicates": len(records)}
-            if (held := self.ingestion.leases.get(lease_id)) is not None and held.worker_id == worker_id:
-                held.pushed = True  # refused or not: the worker did not just hold it (`return_lease`)
-            try:
-                lease = self.ingestion.screen(
-                    worker_id, lease_id, fresh, published_version=self.shared.published_version
+        """Under the lock, one lease check: what changed since the batch was checked (a quarantine,
+        the lease expired, the learner moved on) is refused here; then journaled, then stored."""
+        now = self.shared.clock()
+        self.registry.get(worker_id, now)
+        self._check_trusted(worker_id)
+        fresh = [r for r in records if not self.buffer.seen(r.record_id)]
+        if not fresh:
+            return {"accepted": 0, "duplicates": len(records)}
+        if (held := self.ingestion.leases.get(lease_id)) is not None and held.worker_id == worker_id:
+            held.pushed = True  # refused or not: the worker did not just hold it (`return_lease`)
+        try:
+            lease = self.ingestion.screen(
+                worker_id, lease_id, fresh, published_version=self.shared.published_version
+            )
+            bad = self.integrity.bad_installs.get(worker_id, ())
+            if bad and (wrong := next((r for r in fresh if r.version in bad), None)) is not None:
+                self.ingestion.rejected[Reason.WRONG_SNAPSHOT] += len(fresh)
+                raise InvalidBatch(
+                    Reason.WRONG_SNAPSHOT,
+                    f"record {printable(wrong.record_id, 64)}: this worker's install report of "
+                    f"version {wrong.version} was refused (not the snapshot the learner published)",
                 )
-                bad = self.integrity.bad_installs.get(worker_id, ())
-                if bad and (wrong := next((r for r in fresh if r.version in bad), None)) is not None:
-                    self.ingestion.rejected[Reason.WRONG_SNAPSHOT] += len(fresh)
-                    raise InvalidBatch(
-                        Reason.WRONG_SNAPSHOT,
-                        f"record {printable(wrong.record_id, 64)}: this worker's install report of "
-                        f"version {wrong.version} was refused (not the snapshot the learner published)",
-                    )
-            except Refused as e:
-                self._strike(worker_id, e.reason)
-                raise
-            for record in fresh if self.referee is not None and lease is not refereed else ():
-                problem = self.referee.check(record, lease.index_of[record.group_id])
-                if problem is not None:
-                    self._refuse(worker_id, problem.reason, len(records))
-                    raise InvalidBatch(problem.reason, problem.detail)
-            if self.journal is not None:  # durable first: a failed write raises (500), nothing stored
-                self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
-            stored = self.ingestion.store(worker_id, lease, fresh, now=now)
-            self.integrity.stored(worker_id, {r.group_id for r in records})
-            self.shared.ready.notify_all()
-            return {"accepted": stored, "duplicates": len(records) - len(fresh)}
+        except Refused as e:
+            self._strike(worker_id, e.reason)
+            raise
+        # a lease id names one lease, and what passed its check is what `_referee` checks
+        assert self.referee is None or lease is refereed, "a screened batch was refereed against its lease"
+        if self.journal is not None:  # durable first: a failed write raises (500), nothing stored
+            self.journal(fresh, {r.group_id: lease.index_of[r.group_id] for r in fresh})
+        stored = self.ingestion.store(worker_id, lease, fresh, now=now)
+        self.integrity.stored(worker_id, {r.group_id for r in records})
+        self.shared.ready.notify_all()
+        return {"accepted": stored, "duplicates": len(records) - len(fresh)}
 
     def count_rejected(self, reason: str, n: int) -> None:
         """Records refused before they reached the state (a batch that does not parse)."""

@@ -114,7 +114,7 @@ class Journal:
         self._write({"start": epoch, "t": time.time()})
 
     def accepted(self, records: list[Trajectory], prompts: dict[str, int]) -> None:
-        self._write({"accepted": [_fields(r) for r in records], "prompts": prompts, "t": time.time()})
+        self._write({"accepted": records, "prompts": prompts, "t": time.time()})
 
     def taken(self, version: int, record_ids: list[str]) -> None:
         self._write({"taken": record_ids, "version": version, "t": time.time()})
@@ -158,21 +158,8 @@ class Journal:
 
 
 _encode = msgspec.json.Encoder().encode
-
-
-def _fields(r: Trajectory) -> dict:
-    """`r.to_dict()` without its deep copy (json writes tuples as lists; `from_dict` reads them)."""
-    return {
-        "record_id": r.record_id,
-        "group_id": r.group_id,
-        "prompt_ids": r.prompt_ids,
-        "response_ids": r.response_ids,
-        "behaviour_logprobs": r.behaviour_logprobs,
-        "loss_mask": r.loss_mask,
-        "reward": r.reward,
-        "version": r.version,
-        "metadata": r.metadata,
-    }
+"""Writes a `Trajectory` as its fields (msgspec encodes a dataclass without copying it;
+`Trajectory.from_dict` reads it back)."""
 
 
 def accepted_since(

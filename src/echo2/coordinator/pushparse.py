@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from pydantic import ValidationError
 
-from echo2.records import InvalidTrajectory, Trajectory
+from echo2.records import Trajectory, invalid_in
 from echo2.wire import errors, validate
 from echo2.wire.errors import Forbidden, Reason, Unreadable
 from echo2.wire.protocol import PushRequest
@@ -76,22 +76,35 @@ def malformed(e: ValidationError) -> errors.Invalid:
 
 
 def outcome(raw: bytes, worker: str, tag: dict[str, str]) -> tuple:
-    """What a push's body is, in plain values: ("ok", lease_id, n, records) with the records as
-    Trajectory, or a refusal: ("malformed" | "unreadable" | "forbidden", detail), ("invalid", reason,
-    detail, n) for a record `Trajectory` itself refuses (lengths, a non-finite reward)."""
+    """What a push's body is, in plain values: ("ok", lease_id, n, records) with the records as the
+    `Trajectory`s pydantic made of the body (their metadata carrying `tag`, the coordinator's own
+    word on who generated them), or a refusal: ("malformed" | "unreadable" | "forbidden", detail),
+    ("invalid", reason, detail, n) for a record `Trajectory` itself refuses (lengths, a NaN reward)."""
     try:
         req = parse_body(raw, PushRequest, worker, direct=True)
     except ValidationError as e:
+        if (bad := invalid_in(e.errors())) is not None:
+            return ("invalid", bad.reason, validate.printable(bad), _count_records(raw))
         return ("malformed", malformed(e).detail)
     except Unreadable as e:
         return ("unreadable", e.detail)
     except Forbidden as e:
         return ("forbidden", e.detail)
+    for i, r in enumerate(req.records):
+        if (problem := validate.metadata_problem(r.metadata)) is not None:
+            return ("malformed", f"records.{i}.metadata: {problem}")
+    for r in req.records:
+        r.metadata.update(tag)  # the record's own dict, fresh from the parse
+    return ("ok", req.lease_id, len(req.records), req.records)
+
+
+def _count_records(raw: bytes) -> int:
+    """The records of a body that parsed but holds one `Trajectory` refuses (the refusal counts
+    them all, as a batch is refused whole)."""
     try:
-        records = [r.trajectory(tag) for r in req.records]
-    except InvalidTrajectory as e:
-        return ("invalid", e.reason, validate.printable(e), len(req.records))
-    return ("ok", req.lease_id, len(records), records)
+        return len(json.loads(raw)["records"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return 1
 
 
 def records_of(result: tuple, intake, worker: str | None) -> tuple[str, list[Trajectory]]:

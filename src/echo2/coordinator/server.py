@@ -41,7 +41,7 @@ from echo2.coordinator.prom import exposition
 from echo2.coordinator.pushparse import IN_THREAD, Parser, outcome, records_of
 from echo2.coordinator.snapshot_routes import STREAMS, SnapshotRoutes
 from echo2.coordinator.state import CoordinatorState
-from echo2.wire import errors, identity, validate
+from echo2.wire import errors, identity
 from echo2.wire.errors import Forbidden, Unauthorized
 from echo2.wire.protocol import (
     API,
@@ -273,13 +273,7 @@ class Coordinator:
         result = self.parser.outcome(raw, worker_id, tag) if len(raw) > IN_THREAD else None
         result = result or outcome(raw, worker_id, tag)  # None: small, or the parser is starting
         lease_id, records = records_of(result, self.state.intake, worker_id)
-        rewards = self.state.intake.ingestion.limits.reward_range
-        problem = validate.batch_problem(records, reward_range=rewards)
-        if problem is not None:  # refused whole: nothing stored, only the refusal counted
-            self.state.intake.refuse(worker_id, problem.reason, len(records))
-            raise errors.InvalidBatch(problem.reason, problem.detail)
-        refereed = self.state.intake.referee_unlocked(worker_id, lease_id, records)
-        return self.state.intake.ingest(worker_id, lease_id, records, refereed=refereed)
+        return self.state.intake.ingest(worker_id, lease_id, records)
 
     def full_status(self) -> dict[str, Any]:
         body = self.state.status()

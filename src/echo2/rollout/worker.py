@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from echo2.aio import sleep_unless
 from echo2.broadcast.chunks import SnapshotBytes
+from echo2.records import Trajectory
 from echo2.rollout.membership import Membership
 from echo2.rollout.worker_config import WorkerConfig
 from echo2.wire.client import Unreachable
@@ -54,7 +55,7 @@ from echo2.wire.errors import (
     Stale,
     UnknownWorker,
 )
-from echo2.wire.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest, WireRecord
+from echo2.wire.protocol import LeaseRequest, LeaseResponse, PushRequest, ReturnRequest
 
 if TYPE_CHECKING:
     from echo2.config import Config
@@ -249,8 +250,8 @@ class Worker:
         self.held.discard(lease.lease_id)
         return True
 
-    async def _generate(self, lease: LeaseResponse) -> list[WireRecord]:
-        """The lease's groups as wire records, generated under the engine lock, off the event loop."""
+    async def _generate(self, lease: LeaseResponse) -> list[Trajectory]:
+        """The lease's groups' records, generated under the engine lock, off the event loop."""
         import torch
 
         from echo2.rollout.collect import collect, rollout_seed
@@ -266,7 +267,7 @@ class Worker:
 
         async with self.engine_lock:
             groups = await asyncio.to_thread(generate)
-        records = [WireRecord.of(r) for g in groups for r in g]
+        records = [r for g in groups for r in g]
         self.throughput = len(records) / max(time.monotonic() - started, 1e-9)
         return records
 

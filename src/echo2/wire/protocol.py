@@ -6,9 +6,9 @@ Imports no torch and no aiohttp: the coordinator validates requests with these m
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from echo2.config import (
     ArithmeticTaskConfig,
@@ -24,8 +24,7 @@ from echo2.config import (
     RunConfig,
     TaskConfig,
 )
-from echo2.records import Trajectory
-from echo2.wire.validate import metadata_problem
+from echo2.records import TEXT_PATTERN, Trajectory
 
 API = "/v1"
 
@@ -34,12 +33,8 @@ HOST_PATTERN = r"^[A-Za-z0-9.:\[\]-]+$"
 """A host name or an IPv4/IPv6 address, as a relay advertises it."""
 
 
-TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
-"""Free text a peer sends (names, hardware): no control characters, so no line of a log is forged."""
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 """A worker or lease id, as the coordinator issues them."""
-RecordKey = Annotated[str, Field(min_length=1, max_length=64, pattern=TEXT_PATTERN)]
-"""A record or group id, as workers and tasks make them."""
 MAX_RATE = 1e12
 """Bytes per second no transfer report may claim (8 Tbit/s: far above any real link)."""
 
@@ -176,64 +171,12 @@ class ReturnRequest(_Wire):
     lease_id: Id
 
 
-class WireRecord(_Wire):
-    record_id: RecordKey
-    group_id: RecordKey
-    prompt_ids: list[int] = Field(min_length=1, max_length=65536)
-    response_ids: list[int] = Field(max_length=65536)
-    behaviour_logprobs: list[float] = Field(max_length=65536)
-    loss_mask: list[int] = Field(max_length=65536)
-    reward: float
-    """Checked against the task's reward range by the coordinator (a NaN is refused as
-    `non_finite_reward`, so the wire model accepts it)."""
-    version: int = Field(ge=0, le=2**62)
-    metadata: dict[str, Any] = {}
-    """Free task data of bounded depth and size (validate.metadata_problem)."""
-
-    @field_validator("metadata")
-    @classmethod
-    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
-        problem = metadata_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @classmethod
-    def of(cls, t: Trajectory) -> WireRecord:
-        """A worker's record as it goes on the wire (and, back as a Trajectory, into the journal)."""
-        return cls(
-            record_id=t.record_id,
-            group_id=t.group_id,
-            prompt_ids=t.prompt_ids,
-            response_ids=t.response_ids,
-            behaviour_logprobs=t.behaviour_logprobs,
-            loss_mask=t.loss_mask,
-            reward=t.reward,
-            version=t.version,
-            metadata=t.metadata,
-        )
-
-    def trajectory(self, tag: dict[str, str]) -> Trajectory:
-        """This record as a Trajectory (its fields already have their types; lengths and a finite
-        reward are checked there), its metadata with the coordinator's own word on who generated
-        it (samples.jsonl shows it)."""
-        return Trajectory(
-            group_id=self.group_id,
-            prompt_ids=tuple(self.prompt_ids),
-            response_ids=tuple(self.response_ids),
-            behaviour_logprobs=tuple(self.behaviour_logprobs),
-            loss_mask=tuple(self.loss_mask),
-            reward=self.reward,
-            version=self.version,
-            metadata={**self.metadata, **tag},
-            record_id=self.record_id,
-        )
-
-
 class PushRequest(_Wire):
     worker_id: Id
     lease_id: Id
-    records: list[WireRecord] = Field(min_length=1, max_length=4096)
+    records: list[Trajectory] = Field(min_length=1, max_length=4096)
+    """Parsed straight into the one record type (records.py holds its fields and bounds); metadata's
+    depth and size are checked by the door (pushparse.outcome: `metadata_problem`)."""
 
 
 class PushResponse(_Wire):
