@@ -1,9 +1,11 @@
 """The GRPO learner loop (`echo2 run`, `echo2 learner`).
 
-Reads top to bottom: load and check task, tokenizer and model (nothing is written to the run
-directory before they load); evaluate; start the rollout source from the current weights; then per
-step take whole admissible groups from the source, train, advance the version and tell the source
-(it publishes a snapshot when its rule says); evaluate again and checkpoint. The source
+Reads top to bottom: `run` is the whole run on one screen (build a `Learner`, `step` it, `finish`);
+then `Learner` in the same order: `__init__` loads and checks task, tokenizer and model (nothing is
+written to the run directory before they load), evaluates and starts the rollout source from the
+current weights; `step` takes whole admissible groups from the source, trains, advances the version
+and tells the source (it publishes a snapshot when its rule says); `finish` evaluates again and
+checkpoints. The source
 (learning/sources/__init__.py) is built once by `make_source` from what the caller chose: the learner's own
 engine taking turns with it, or a coordinator fed by workers. The loop does not know which, and
 speaks to it only through the `RolloutSource` protocol. Rollout engines only ever see snapshots.
@@ -115,198 +117,231 @@ def run(
     before anything is written to `run_dir`."""
     config = resolved(config)  # learner.dtype "auto" etc. -> this machine's values, as config.toml says
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
-    lcfg, rcfg = config.learner, config.rollout
-    # how advantages are normalised: the task config's word (env tasks may say "batch"), never a record's
-    grouping = config.task.grouping if isinstance(config.task, EnvTaskConfig) else "state"
-    if distributed.start(resolve_device(lcfg)) > 0:  # torchrun: ranks > 0 obey rank 0, write nothing
+    # torchrun: ranks > 0 obey rank 0 and write nothing
+    if distributed.start(resolve_device(config.learner)) > 0:
         return build.follow(config)
+    learner = Learner(config, run_dir=run_dir, resume=resume, source_spec=source_spec or SourceSpec())
+    steps = range(learner.state.step, config.learner.steps)
+    bar = tqdm(steps, initial=steps.start, total=steps.stop, desc="grpo", disable=not progress, unit="step")
+    try:
+        for step in bar:
+            row = learner.step(step)
+            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
+    except BaseException:
+        learner.tracker.close()
+        raise
+    finally:
+        measured = learner.stop()  # a coordinator's T_train, T_bcast, idle time, ...
+    return learner.finish(measured)
 
-    # ---- task, tokenizer, policy (+ LoRA), reference, a resumed checkpoint: all loaded (and so
-    # checked) before run_dir is touched (learning/build.py, the same builder every rank uses)
-    task = make_task(config.task, seed=config.run.seed)
-    eval_prompts = task.eval_prompts(config.run.eval_size)
-    learner = build.load(config, resume_from=run_dir if resume else None)
-    tokenizer, state = learner.tokenizer, learner.state
-    if resume:
-        logger.info("resumed %s at step %d (version %d)", run_dir, state.step, state.version)
-    # ---- the run directory, the rollout source (a coordinator binds its port): a failure here
-    # removes the run directory again if this start created it
-    with removed_on_failure(run_dir):
-        config_toml = dump_toml(config)
-        (run_dir / "config.toml").write_text(config_toml)
 
-        # the engine copies the CPU policy before it is placed (under torchrun: hf on this GPU)
-        engine = learner_engine(
-            config,
-            model=learner.model,
-            tokenizer=tokenizer,
+class Learner:
+    """One run's learner, built by `__init__` (task, tokenizer, policy and reference loaded and
+    checked, then the run directory, the engine, the placed model, the buffer and the started
+    rollout source), then driven by `run`: `step` per step, `stop`, `finish`."""
+
+    def __init__(self, config: Config, *, run_dir: Path, resume: bool, source_spec: SourceSpec) -> None:
+        lcfg, rcfg = config.learner, config.rollout
+        self.config, self.run_dir = config, run_dir
+        # how advantages are normalised: the task config's word (env tasks may say "batch"), never a record's
+        self.grouping = config.task.grouping if isinstance(config.task, EnvTaskConfig) else "state"
+        # ---- task, tokenizer, policy (+ LoRA), reference, a resumed checkpoint: all loaded (and so
+        # checked) before run_dir is touched (learning/build.py, the same builder every rank uses)
+        self.task = make_task(config.task, seed=config.run.seed)
+        self.eval_prompts = self.task.eval_prompts(config.run.eval_size)
+        loaded = build.load(config, resume_from=run_dir if resume else None)
+        self.tokenizer, self.state = tokenizer, state = loaded.tokenizer, loaded.state
+        if resume:
+            logger.info("resumed %s at step %d (version %d)", run_dir, state.step, state.version)
+        # ---- the run directory, the rollout source (a coordinator binds its port): a failure here
+        # removes the run directory again if this start created it
+        with removed_on_failure(run_dir):
+            self.config_toml = dump_toml(config)
+            (run_dir / "config.toml").write_text(self.config_toml)
+            # the engine copies the CPU policy before it is placed (under torchrun: hf on this GPU)
+            self.engine = learner_engine(
+                config,
+                model=loaded.model,
+                tokenizer=tokenizer,
+                version=state.version,
+                device=resolve_device(lcfg),
+            )
+            if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
+                self.engine.install(make_snapshot(loaded.model, state.version, lcfg))
+            placed = build.place(loaded, config)
+            self.model, self.optimizer, self.ref_model = placed.model, placed.optimizer, placed.ref_model
+            self.buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
+            self.buffer.set_learner_version(state.version)
+            self.source = make_source(
+                config,
+                spec=source_spec,
+                task=self.task,
+                buffer=self.buffer,
+                engine=self.engine,
+                vocab_size=len(tokenizer),
+                run_dir=run_dir,
+                tokenizer=tokenizer,
+                time_train_step=partial(
+                    time_train_step,
+                    self.model,
+                    config,
+                    vocab_size=len(tokenizer),
+                    pad_id=tokenizer.pad_token_id,
+                ),
+            )
+            if placed.source_state is not None:
+                self.source.load_state_dict(placed.source_state)
+            if state.eval_before is None and self.eval_prompts:
+                state.eval_before = self.evaluate()
+                logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
+            # rollouts start from the current weights
+            self.source.start(make_snapshot(self.model, state.version, lcfg))
+        metrics_path = run_dir / "metrics.jsonl"
+        if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
+            kept = [r for r in read_metrics(metrics_path) if r["step"] < state.step]
+            metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.metrics = MetricsWriter(metrics_path)
+        self.tracker = Tracker(config, run_dir, tokenizer, resume_step=state.step if resume else None)
+        self.last_eval: tuple[int, dict[str, float] | None] = (-1, None)
+        """(step, held-out accuracy) of the latest evaluation."""
+
+    def step(self, step: int) -> dict[str, float]:
+        """Take whole admissible groups from the source, train on them, advance the version and
+        tell the source; evaluate and checkpoint when the run's rule says. Returns the metrics row."""
+        config, lcfg, rcfg, state = self.config, self.config.learner, self.config.rollout, self.state
+        t0 = time.perf_counter()
+        groups, staleness, rollout_stats = self.source.next_groups(rcfg.prompts_per_step)
+        assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
+        t1 = time.perf_counter()
+        distributed.lead(distributed.Order.TRAIN, groups)
+        checks = self.source.checks_logprobs
+        check = StepCheck(  # a fresh one each step
+            max_logratio=lcfg.max_logratio if checks else None,
+            learner_version=state.version,
+            sampling=sampling_check(
+                rcfg, is_env=isinstance(config.task, EnvTaskConfig), eos_id=self.tokenizer.eos_token_id
+            )
+            if checks
+            else None,
+        )
+        stats = train_step(
+            self.model,
+            self.optimizer,
+            groups,
+            lcfg,
+            pad_id=self.tokenizer.pad_token_id,
+            temperature=rcfg.temperature,
+            ref_model=self.ref_model,
+            staleness=staleness,
+            check=check,
+            grouping=self.grouping,
+        )
+        _warn_refused(check, step)
+        t2 = time.perf_counter()
+        state.step = step + 1
+        state.version += 1
+        state.staleness.update(staleness)
+        self.source.advance(
+            StepReport(
+                step=step,
+                version=state.version,
+                snapshot=partial(make_snapshot, self.model, state.version, lcfg),
+                train_s=t2 - t1,
+                stats=stats,
+                staleness=dict(state.staleness),
+                refused={
+                    "logprob_mismatch": check.refused,
+                    "not_sampled": check.sampling.refused if check.sampling is not None else [],
+                    "non_finite_step": [r for g in groups for r in g] if check.skipped else [],
+                },
+            )
+        )
+        row = metrics_row(
+            step=step,
             version=state.version,
-            device=resolve_device(lcfg),
+            groups=groups,
+            staleness=staleness,
+            histogram=state.staleness,
+            stats=stats,
+            rollout_stats=rollout_stats,
+            rejected_stale=self.buffer.rejected["stale"],
+            t_step=t2 - t0,
+            t_train=t2 - t1,
         )
-        if lcfg.lora is not None:  # the engine holds the base weights; a resumed adapter goes on top
-            engine.install(make_snapshot(learner.model, state.version, lcfg))
-        learner = build.place(learner, config)
-        model, optimizer, ref_model = learner.model, learner.optimizer, learner.ref_model
-        buffer = ReplayBuffer(staleness=lcfg.staleness, group_size=rcfg.group_size)
-        buffer.set_learner_version(state.version)
-        source = make_source(
-            config,
-            spec=source_spec or SourceSpec(),
-            task=task,
-            buffer=buffer,
-            engine=engine,
-            vocab_size=len(tokenizer),
-            run_dir=run_dir,
-            tokenizer=tokenizer,
-            time_train_step=partial(
-                time_train_step, model, config, vocab_size=len(tokenizer), pad_id=tokenizer.pad_token_id
-            ),
-        )
-        if learner.source_state is not None:
-            source.load_state_dict(learner.source_state)
-        if state.eval_before is None and eval_prompts:
-            state.eval_before = evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size)
-            logger.info("held-out accuracy before training: %.3f", state.eval_before["eval/accuracy"])
-        source.start(make_snapshot(model, state.version, lcfg))  # rollouts start from the current weights
+        if config.run.eval_every and self.eval_prompts and state.step % config.run.eval_every == 0:
+            accuracy = evaluate_now(
+                self.engine, self.model, state.version, self.task, self.eval_prompts, config
+            )
+            self.last_eval = (state.step, accuracy)
+            row |= self.last_eval[1]
+        self.metrics.write(row)
+        self.tracker.log_step(step, row, groups)
+        if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
+            self.save()
+        return row
 
-    metrics_path = run_dir / "metrics.jsonl"
-    if resume and metrics_path.exists():  # drop rows past the checkpoint, they will be redone
-        kept = [r for r in read_metrics(metrics_path) if r["step"] < state.step]
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    metrics = MetricsWriter(metrics_path)
-    tracker = Tracker(config, run_dir, tokenizer, resume_step=state.step if resume else None)
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of the weights the engine holds."""
+        return evaluate(self.engine, self.task, self.eval_prompts, batch_size=self.config.run.eval_batch_size)
 
-    def save() -> None:
-        full_model, full_optimizer = distributed.for_checkpoint(model, optimizer)
+    def save(self) -> None:
+        """A checkpoint of the model, optimizer, learner state and the source's state (and, unless
+        LoRA, the HF files of the model)."""
+        model, tokenizer = self.model, self.tokenizer
+        full_model, full_optimizer = distributed.for_checkpoint(model, self.optimizer)
         save_checkpoint(
-            run_dir,
+            self.run_dir,
             model=full_model,
             optimizer=full_optimizer,
-            state=state,
-            source_state=source.state_dict(),
-            config_toml=config_toml,
+            state=self.state,
+            source_state=self.source.state_dict(),
+            config_toml=self.config_toml,
             extra=None if is_lora(model) else lambda d: write_hf_files(model, tokenizer, d),
         )
 
-    last_eval: tuple[int, dict[str, float] | None] = (-1, None)  # (step, held-out accuracy) of the latest
-    try:
-        # ---- the loop
-        bar = tqdm(
-            range(state.step, lcfg.steps),
-            initial=state.step,
-            total=lcfg.steps,
-            desc="grpo",
-            disable=not progress,
-            unit="step",
-        )
-        for step in bar:
-            t0 = time.perf_counter()
-            groups, staleness, rollout_stats = source.next_groups(rcfg.prompts_per_step)
-            assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
-            records = [r for g in groups for r in g]
-            t1 = time.perf_counter()
-            distributed.lead(distributed.Order.TRAIN, groups)
-            check = StepCheck(
-                max_logratio=lcfg.max_logratio if source.checks_logprobs else None,
-                learner_version=state.version,
-                sampling=sampling_check(
-                    rcfg, is_env=isinstance(config.task, EnvTaskConfig), eos_id=tokenizer.eos_token_id
-                )
-                if source.checks_logprobs
-                else None,  # a fresh one each step
-            )
-            stats = train_step(
-                model,
-                optimizer,
-                groups,
-                lcfg,
-                pad_id=tokenizer.pad_token_id,
-                temperature=rcfg.temperature,
-                ref_model=ref_model,
-                staleness=staleness,
-                check=check,
-                grouping=grouping,
-            )
-            if check.refused:
-                logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
-            if check.sampling is not None and check.sampling.refused:
-                logger.warning("%d records left out of step %d: not sampled", len(check.sampling.refused), step)
-            if check.skipped:
-                logger.warning("step %d not applied: loss or gradient not finite", step)
-            t2 = time.perf_counter()
-            state.step = step + 1
-            state.version += 1
-            state.staleness.update(staleness)
-            source.advance(
-                StepReport(
-                    step=step,
-                    version=state.version,
-                    snapshot=partial(make_snapshot, model, state.version, lcfg),
-                    train_s=t2 - t1,
-                    stats=stats,
-                    staleness=dict(state.staleness),
-                    refused={
-                        "logprob_mismatch": check.refused,
-                        "not_sampled": check.sampling.refused if check.sampling is not None else [],
-                        "non_finite_step": records if check.skipped else [],
-                    },
-                )
-            )
+    def stop(self) -> dict[str, Any]:
+        """Close the metrics file and the source; returns what the source measured."""
+        self.metrics.close()
+        return self.source.close()
 
-            row = metrics_row(
-                step=step,
-                version=state.version,
-                groups=groups,
-                staleness=staleness,
-                histogram=state.staleness,
-                stats=stats,
-                rollout_stats=rollout_stats,
-                rejected_stale=buffer.rejected["stale"],
-                t_step=t2 - t0,
-                t_train=t2 - t1,
+    def finish(self, measured: dict[str, Any]) -> dict[str, Any]:
+        """The final evaluation and checkpoint, the run's summary.json (with the source's `measured`
+        figures); returns the summary."""
+        state, model = self.state, self.model
+        self.engine.install(make_snapshot(model, state.version, self.config.learner))
+        if self.last_eval[0] == state.step:  # the last step was just evaluated: greedy, so the same result
+            eval_after = self.last_eval[1]
+        else:
+            eval_after = self.evaluate() if self.eval_prompts else None
+        self.save()
+        if is_lora(model):  # the checkpoint holds the peft-wrapped policy; hf/ the merged model
+            save_merged(model, self.tokenizer, self.run_dir / "hf")
+        distributed.stop()
+        summary = {
+            "steps": state.step,
+            "version": state.version,
+            "eval_before": state.eval_before,
+            "eval_after": eval_after,
+            "rejected": dict(self.buffer.rejected),
+            "staleness_histogram": state.to_json()["staleness_histogram"],  # the learner's: survives a resume
+            **measured,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.tracker.close(summary)
+        if eval_after:
+            logger.info(
+                "held-out accuracy: before %.3f, after %.3f",
+                (state.eval_before or {}).get("eval/accuracy", float("nan")),
+                eval_after["eval/accuracy"],
             )
-            if config.run.eval_every and eval_prompts and state.step % config.run.eval_every == 0:
-                last_eval = (state.step, evaluate_now(engine, model, state.version, task, eval_prompts, config))
-                row |= last_eval[1]
-            metrics.write(row)
-            tracker.log_step(step, row, groups)
-            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", loss=f"{row['train/loss']:+.3f}")
-            if config.run.checkpoint_every and state.step % config.run.checkpoint_every == 0:
-                save()
-    except BaseException:
-        tracker.close()
-        raise
-    finally:
-        metrics.close()
-        measured = source.close()  # a coordinator's T_train, T_bcast, idle time, ...
+        return summary
 
-    # ---- final evaluation and checkpoint
-    engine.install(make_snapshot(model, state.version, lcfg))
-    if last_eval[0] == state.step:  # the last step was just evaluated: greedy, so the same result
-        eval_after = last_eval[1]
-    else:
-        eval_after = (
-            evaluate(engine, task, eval_prompts, batch_size=config.run.eval_batch_size) if eval_prompts else None
-        )
-    save()
-    if is_lora(model):  # the checkpoint holds the peft-wrapped policy; hf/ the merged model
-        save_merged(model, tokenizer, run_dir / "hf")
-    distributed.stop()
-    summary = {
-        "steps": state.step,
-        "version": state.version,
-        "eval_before": state.eval_before,
-        "eval_after": eval_after,
-        "rejected": dict(buffer.rejected),
-        "staleness_histogram": state.to_json()["staleness_histogram"],  # the learner's: survives a resume
-        **measured,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    tracker.close(summary)
-    if eval_after:
-        logger.info(
-            "held-out accuracy: before %.3f, after %.3f",
-            (state.eval_before or {}).get("eval/accuracy", float("nan")),
-            eval_after["eval/accuracy"],
-        )
-    return summary
+
+def _warn_refused(check: StepCheck, step: int) -> None:
+    """A step's records left out, or the step not applied, as warnings."""
+    if check.refused:
+        logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
+    if check.sampling is not None and check.sampling.refused:
+        logger.warning("%d records left out of step %d: not sampled", len(check.sampling.refused), step)
+    if check.skipped:
+        logger.warning("step %d not applied: loss or gradient not finite", step)
