@@ -8,7 +8,7 @@ files in RUN_DIR/tensorboard (torch.utils.tensorboard, needs the `tensorboard` p
 in RUN_DIR/wandb (offline unless WANDB_MODE says otherwise or an API key is configured; `wandb sync`
 uploads it later). Both are the optional extra `track`; asking for one that is not installed is a
 `ConfigError` naming `run.report_to`, raised before the run directory is written. Also warns when
-no group of a step has any reward variance (GRPO then has no gradient).
+no group has had any reward variance for `WARN_AFTER` steps in a row (GRPO then has no gradient).
 """
 
 from __future__ import annotations
@@ -26,8 +26,12 @@ from echo2.records import Trajectory
 
 logger = logging.getLogger(__name__)
 
+WARN_AFTER = 5
+"""Steps without reward variance in a row before the first warning: one such step is normal (every
+sampled answer of a step right, or all wrong, happens late or early in a healthy run); a run stuck
+there for several steps is not."""
 WARN_EVERY = 25
-"""Steps without reward variance in a row between two warnings."""
+"""Steps without reward variance in a row between two warnings, after the first."""
 
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "version", "worker")
 
@@ -106,7 +110,7 @@ class Tracker:
     def log_step(self, step: int, row: dict[str, Any], groups: list[list[Trajectory]]) -> None:
         flat = row.get("reward/zero_std_fraction") == 1.0
         self._flat_steps = self._flat_steps + 1 if flat else 0
-        if flat and self._flat_steps % WARN_EVERY == 1:  # the first such step, then every 25th in a row
+        if flat and self._flat_steps >= WARN_AFTER and (self._flat_steps - WARN_AFTER) % WARN_EVERY == 0:
             logger.warning(
                 "step %d: every group's rewards are equal (mean %.3f), so GRPO has no gradient "
                 "(%d step(s) in a row); a task with more varied rewards, larger groups or a higher "
