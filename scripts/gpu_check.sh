@@ -45,13 +45,16 @@ section() {
   seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout
   elif [ "$rc" != 0 ]; then status=fail
-  elif grep -Eq '(^|[^0-9])[0-9]+ passed' "$out/$name.log" || ! grep -Eq '[0-9]+ skipped' "$out/$name.log"; then status=pass
-  else status=skip; fi  # a pytest section where everything skipped (e.g. FSDP on one GPU)
+  # a pytest section's short summary (-rA) names every test: all SKIPPED and none PASSED is "skip"
+  # (e.g. FSDP on one GPU). Not the final "N passed" line: under -qq (pyproject's -q and ours) pytest
+  # prints none, and every such section read "pass" (issue 42).
+  elif grep -Eq '^SKIPPED ' "$out/$name.log" && ! grep -Eq '^PASSED ' "$out/$name.log"; then status=skip
+  else status=pass; fi
   printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$seconds" "$rc" "$out/$name.log" >> "$results"
   echo "   $status in ${seconds}s (exit $rc): $(grep -v '^\s*$' "$out/$name.log" | tail -n 1 | cut -c1-200)"
 }
 
-pytest_args=(-p no:cacheprovider -q -rsP)  # -rP: passed tests' output too (MEASURED lines)
+pytest_args=(-p no:cacheprovider -q -rA)  # -rA: every test's outcome, and passed tests' output (MEASURED lines)
 
 environment() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"

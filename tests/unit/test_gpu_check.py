@@ -22,12 +22,16 @@ SECTIONS = [
     "run_vllm",
 ]
 
+# pytest's output as the script gets it: pyproject's -q and the script's make -qq, which prints no
+# final "N passed" line, only the -rA short summary (PASSED / SKIPPED / FAILED per test)
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 echo "python $*" >> "$FAKE_LOG"
 case " $* " in
-  *" tests/gpu/test_gpu_vllm.py"*) echo "F"; echo "1 failed, 2 passed in 3.0s"; exit 1 ;;
-  *" tests/gpu/test_gpu_fsdp.py"*) echo "SKIPPED [1] FSDP2 over NCCL needs 2 GPUs"; echo "1 skipped in 0.1s"; exit 0 ;;
-  *" -m pytest "*) echo "3 passed in 1.0s"; exit 0 ;;
+  *" tests/gpu/test_gpu_vllm.py"*) echo "F"; echo "FAILED tests/gpu/test_gpu_vllm.py::test_a"; exit 1 ;;
+  *" tests/gpu/test_gpu_fsdp.py"*) echo "s [100%]"; echo "SKIPPED [1] FSDP2 over NCCL needs 2 GPUs"; exit 0 ;;
+  *" tests/gpu/test_gpu_colocated.py"*) echo "s. [100%]"; echo "PASSED tests/gpu/test_gpu_colocated.py::test_b"
+    echo "SKIPPED [1] tests/gpu/test_gpu_colocated.py:9: no vllm"; exit 0 ;;
+  *" -m pytest "*) echo "... [100%]"; echo "PASSED tests/gpu/test_x.py::test_a"; exit 0 ;;
   *"--rollout.engine=vllm"*) sleep 30 ;;
   *" -m echo2.cli run "*) exit 0 ;;
   *" - "*) cat > /dev/null; echo "[{'reward/mean': 0.5}]" ;;
@@ -73,13 +77,16 @@ def test_every_section_runs_after_a_failure_and_a_timeout(tmp_path):
         **dict.fromkeys(SECTIONS, "pass"), "vllm_gpu": "fail", "fsdp_nccl": "skip", "run_vllm": "timeout"
     }  # fmt: skip
     assert summary["failed"] == 2 and summary["python"] == env["ECHO2_PYTHON"]
-    assert got["vllm_gpu"]["exit_code"] == 1 and got["vllm_gpu"]["last_line"] == "1 failed, 2 passed in 3.0s"
+    assert (
+        got["vllm_gpu"]["exit_code"] == 1
+        and got["vllm_gpu"]["last_line"] == "FAILED tests/gpu/test_gpu_vllm.py::test_a"
+    )
     assert got["run_vllm"]["exit_code"] == 124 and 2.5 < got["run_vllm"]["seconds"] < 20
     assert got["environment"]["last_line"] == 'diagnose: CUDA usable "quoted" \\ back'
     assert all(Path(s["log"]).is_file() and s["seconds"] >= 0 for s in summary["sections"])
     calls = (tmp_path / "log").read_text()
     assert (
-        "-m pytest -p no:cacheprovider -q -rsP -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py"
+        "-m pytest -p no:cacheprovider -q -rA -m gpu tests/unit/test_device.py tests/gpu/test_gpu_learner.py"
         in calls
     )
     assert (
