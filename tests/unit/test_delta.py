@@ -221,3 +221,20 @@ def test_a_worker_that_missed_versions_applies_the_deltas_in_turn(model, dtype):
     )
     with pytest.raises(BaseMismatch):  # skipping one delta of the chain
         apply(apply(versions[0], deltas[0]), deltas[2])
+
+
+def test_the_delta_is_the_same_bytes_on_any_number_of_threads(model):
+    """Tensors are encoded and rebuilt on a thread pool (issue 42: the codec on all cores): the
+    delta does not depend on the thread count, and every count rebuilds the snapshot, from bytes
+    and from chunks; a count below 1 is refused."""
+    v1 = wire(model, "bf16")
+    perturb(model, "sparse", seed=5)
+    v2 = wire(model, "bf16")
+    deltas = {n: encode(v1, v2, base_version=1, version=2, threads=n) for n in (1, 2, 7)}
+    assert deltas[1] == deltas[2] == deltas[7]
+    chunks = SnapshotBytes(split(v1, 4096), 4096)
+    for n in (1, 3):
+        assert apply(v1, deltas[1], threads=n) == v2
+        assert apply(chunks, deltas[1], threads=n) == v2
+    with pytest.raises(ValueError, match="threads"):
+        encode(v1, v2, base_version=1, version=2, threads=0)

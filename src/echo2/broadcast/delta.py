@@ -24,7 +24,8 @@ fetches the full snapshot instead) and any delta whose result hashes differently
 a full snapshot (`chunks.make_manifest`); the signature over its chunks covers the header, and so
 the result's hash.
 
-Pure: no I/O, no torch (numpy and zstandard only). Knows nothing of versions beyond the two numbers
+Pure: no I/O, no torch (numpy and zstandard only); tensors are encoded and rebuilt on a pool of
+threads (`threads`, default every core), with the same bytes whatever the count. Knows nothing of versions beyond the two numbers
 it records, of workers or of the network. Guarantees: `apply(base, encode(base, new, ...))` returns
 `new` bit for bit, or raises.
 """
@@ -33,7 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -125,26 +129,51 @@ class DeltaHeader(BaseModel):
         return self
 
 
-def encode(base: Buffer, new: Buffer, *, base_version: int, version: int, level: int = LEVEL) -> bytes:
+def encode(
+    base: Buffer,
+    new: Buffer,
+    *,
+    base_version: int,
+    version: int,
+    level: int = LEVEL,
+    threads: int | None = None,
+) -> bytes:
     """The delta that turns snapshot `base` (version `base_version`) into `new` (`version`). Both
-    are safetensors bytes as the learner publishes them; ValueError if either does not parse."""
+    are safetensors bytes as the learner publishes them; ValueError if either does not parse.
+    Tensors are encoded on `threads` threads (default: every core; numpy's array work, zstd and
+    SHA-256 release the GIL), the result the same bytes whatever the count."""
     base_b, new_b = _whole(base), _whole(new)
     base_u8, new_u8 = np.frombuffer(base_b, np.uint8), np.frombuffer(new_b, np.uint8)
     base_layout = {name: (dtype, shape, b, e) for name, dtype, shape, b, e in _layout(base_b)}
-    compressor = zstandard.ZstdCompressor(level=level)
-    segments: list[Segment] = []
-    payloads: list[bytes] = []
-    at = 0
+    layout = _layout(new_b)
+    header_end = layout[0][3] if layout else len(new_b)
+    base_header_end = min((b for _, _, b, _ in base_layout.values()), default=len(base_b))
+    parts: list[tuple[str, int, int, int, int | None]] = [
+        ("__header__", 0, header_end, 1, 0 if base_header_end == header_end else None)
+    ]
+    for name, dtype, shape, begin, end in layout:  # contiguous from header_end (`_layout`)
+        match = base_layout.get(name)
+        paired = match is not None and match[:2] == (dtype, shape)
+        parts.append((name, begin, end, WIDTHS[dtype], match[2] if paired else None))
+    local = threading.local()
 
-    def add(name: str, start: int, end: int, width: int, base_start: int | None) -> None:
-        nonlocal at
+    def one(part: tuple[str, int, int, int, int | None]) -> tuple[Method, int, bytes]:
+        _name, start, end, width, base_start = part
+        if not hasattr(local, "compressor"):  # a ZstdCompressor is used by one thread at a time
+            local.compressor = zstandard.ZstdCompressor(level=level)
         new_part = new_u8[start:end]
         if base_start is None:
-            method, count, blob = "raw", 0, compressor.compress(_planes(new_part, width))
-        else:
-            method, count, blob = _smallest(
-                new_part, base_u8[base_start : base_start + end - start], width, compressor
-            )
+            return "raw", 0, local.compressor.compress(_planes(new_part, width))
+        return _smallest(new_part, base_u8[base_start : base_start + end - start], width, local.compressor)
+
+    with ThreadPoolExecutor(max_workers=_threads(threads, len(parts))) as pool:
+        base_hash = pool.submit(lambda: hashlib.sha256(base_b).hexdigest())
+        new_hash = pool.submit(lambda: hashlib.sha256(new_b).hexdigest())
+        encoded = list(pool.map(one, parts))
+        hashes = base_hash.result(), new_hash.result()
+    segments: list[Segment] = []
+    at = 0
+    for (name, start, end, width, base_start), (method, count, blob) in zip(parts, encoded, strict=True):
         segments.append(
             Segment(
                 name=name,
@@ -157,28 +186,34 @@ def encode(base: Buffer, new: Buffer, *, base_version: int, version: int, level:
                 payload=(at, at + len(blob)),
             )
         )
-        payloads.append(blob)
         at += len(blob)
-
-    layout = _layout(new_b)
-    header_end = layout[0][3] if layout else len(new_b)
-    base_header_end = min((b for _, _, b, _ in base_layout.values()), default=len(base_b))
-    add("__header__", 0, header_end, 1, 0 if base_header_end == header_end else None)
-    for name, dtype, shape, begin, end in layout:  # contiguous from header_end (`_layout`)
-        match = base_layout.get(name)
-        paired = match is not None and match[:2] == (dtype, shape)
-        add(name, begin, end, WIDTHS[dtype], match[2] if paired else None)
     header = DeltaHeader(
         base_version=base_version,
         version=version,
         base_size=len(base_b),
-        base_sha256=hashlib.sha256(base_b).hexdigest(),
+        base_sha256=hashes[0],
         size=len(new_b),
-        sha256=hashlib.sha256(new_b).hexdigest(),
+        sha256=hashes[1],
         segments=segments,
     )
     text = header.model_dump_json().encode()
-    return b"".join([MAGIC, struct.pack("<Q", len(text)), text, *payloads])
+    return b"".join([MAGIC, struct.pack("<Q", len(text)), text, *(blob for _, _, blob in encoded)])
+
+
+def _check_base(header: DeltaHeader, base_hash: str, size: int) -> None:
+    """BaseMismatch unless the offered base (its hash and size) is the delta's."""
+    if base_hash != header.base_sha256:
+        raise BaseMismatch(
+            f"delta {header.base_version} -> {header.version} needs base {header.base_sha256[:12]}, "
+            f"offered {base_hash[:12]} ({size} bytes)"
+        )
+
+
+def _threads(threads: int | None, tasks: int) -> int:
+    """Threads for `tasks` independent tensors: `threads`, default every core, at most `tasks`."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1 (got {threads})")
+    return max(1, min(threads or os.cpu_count() or 1, tasks))
 
 
 def read_header(delta: bytes | bytearray | memoryview) -> tuple[DeltaHeader, int]:
@@ -200,28 +235,32 @@ def read_header(delta: bytes | bytearray | memoryview) -> tuple[DeltaHeader, int
     return header, 16 + n
 
 
-def apply(base: Buffer, delta: bytes | bytearray | memoryview) -> bytearray:
+def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int | None = None) -> bytearray:
     """The snapshot `delta` encodes, rebuilt on `base`: bit for bit the full snapshot, its SHA-256
     checked against the header. `BaseMismatch` if `base` is not the delta's base (fetch the full
-    snapshot); VerificationError if the delta is malformed or tampered with."""
+    snapshot); VerificationError if the delta is malformed or tampered with. Segments are rebuilt
+    on `threads` threads (default: every core), each into its own bytes of the result."""
     header, payload_start = read_header(delta)
-    base_hash = base.sha256() if isinstance(base, SnapshotBytes) else hashlib.sha256(base).hexdigest()
-    if len(base) != header.base_size or base_hash != header.base_sha256:
+    if len(base) != header.base_size:
         raise BaseMismatch(
-            f"delta {header.base_version} -> {header.version} needs base {header.base_sha256[:12]}, "
-            f"offered {base_hash[:12]} ({len(base)} bytes)"
+            f"delta {header.base_version} -> {header.version} needs base {header.base_sha256[:12]} "
+            f"({header.base_size} bytes), offered {len(base)} bytes"
         )
     base_u8 = None if isinstance(base, SnapshotBytes) else np.frombuffer(base, np.uint8)
     payloads = memoryview(delta)[payload_start:]
-    decompressor = zstandard.ZstdDecompressor()
     out = bytearray(header.size)
     out_u8 = np.frombuffer(out, np.uint8)
-    for s in header.segments:
+    local = threading.local()
+
+    def one(s: Segment) -> None:
+        if not hasattr(local, "decompressor"):  # one ZstdDecompressor per thread
+            local.decompressor = zstandard.ZstdDecompressor()
+        decompressor = local.decompressor
         length, dest = s.end - s.start, out_u8[s.start : s.end]
         if s.method == "raw":
             blob = payloads[s.payload[0] : s.payload[1]]
             _unplanes(_decompress(decompressor, blob, length, s.name), s.width, out=dest)
-            continue
+            return
         src = (
             base_u8[s.base_start : s.base_start + length]
             if base_u8 is not None
@@ -229,20 +268,41 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview) -> bytearray:
         )
         if s.method == "same":
             dest[:] = src
-            continue
+            return
         blob = payloads[s.payload[0] : s.payload[1]]
         if s.method == "xor":
             np.bitwise_xor(src, _unplanes(_decompress(decompressor, blob, length, s.name), s.width), out=dest)
-        else:
-            dest[:] = src
-            raw = _decompress(decompressor, blob, s.count * (4 + s.width), s.name)
-            gaps = _unplanes(raw[: 4 * s.count], 4).view("<u4").astype(np.int64)
-            positions = np.cumsum(gaps + 1) - 1
-            if s.count and positions[-1] >= length // s.width:
-                raise VerificationError(f"delta segment {s.name}: a change past the tensor's end")
-            values = _unplanes(raw[4 * s.count :], s.width).view(f"<u{s.width}")
-            dest.view(f"<u{s.width}")[positions] ^= values
-    got = hashlib.sha256(out).hexdigest()
+            return
+        dest[:] = src
+        raw = _decompress(decompressor, blob, s.count * (4 + s.width), s.name)
+        gaps = _unplanes(raw[: 4 * s.count], 4).view("<u4").astype(np.int64)
+        positions = np.cumsum(gaps + 1) - 1
+        if s.count and positions[-1] >= length // s.width:
+            raise VerificationError(f"delta segment {s.name}: a change past the tensor's end")
+        values = _unplanes(raw[4 * s.count :], s.width).view(f"<u{s.width}")
+        dest.view(f"<u{s.width}")[positions] ^= values
+
+    base_sha256 = (
+        (lambda: base.sha256())
+        if isinstance(base, SnapshotBytes)
+        else (lambda: hashlib.sha256(base).hexdigest())
+    )
+    n = _threads(threads, len(header.segments))
+    if n == 1:  # one core: the base checked first, then each segment, then the result hashed
+        _check_base(header, base_sha256(), len(base))
+        for s in header.segments:
+            one(s)
+        got = hashlib.sha256(out).hexdigest()
+    else:  # the base's hash and the segments on the pool; the result hashed here in order as they finish
+        digest = hashlib.sha256()
+        view = memoryview(out)
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            base_hash = pool.submit(base_sha256)
+            for s, done in [(s, pool.submit(one, s)) for s in header.segments]:
+                done.result()  # the first segment's error, in the header's order
+                digest.update(view[s.start : s.end])  # segments are contiguous from 0 (DeltaHeader)
+            _check_base(header, base_hash.result(), len(base))  # a mismatch discards the result
+        got = digest.hexdigest()
     if got != header.sha256:
         raise VerificationError(
             f"delta {header.base_version} -> {header.version} rebuilt bytes hashing {got[:12]}, "
