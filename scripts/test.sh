@@ -14,7 +14,7 @@ bash scripts/setup.sh "test,$engine,track,poker"
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
 # Every part runs, whatever an earlier one did; the script fails at the end, naming what failed.
 failed=()
-ruff check src tests bench || failed+=("ruff check")
+ruff check src tests bench experiments || failed+=("ruff check")
 pytest -m "not slow" "$@" || failed+=("pytest")
 # the SkyPilot provider against SkyPilot's own classes, in a venv of its own (scripts/test_skypilot.sh)
 bash scripts/test_skypilot.sh || failed+=("scripts/test_skypilot.sh")

@@ -1,12 +1,12 @@
 """Poker, honestly measured (issue 23): policies played on the same held-out deals against fixed
 opponents, paired against fixed baselines, with the malformed share apart from the chip result.
 
-    python bench/poker_eval.py play --policies fold_check check_call random hand_strength \\
+    python experiments/poker/poker_eval.py play --policies fold_check check_call random hand_strength \\
         --opponents call_station rule_based random --hands 1000
-    taskset -c 0 env OMP_NUM_THREADS=1 python bench/poker_eval.py play --model configs/poker.toml \\
+    taskset -c 0 env OMP_NUM_THREADS=1 python experiments/poker/poker_eval.py play --model configs/poker.toml \\
         --opponents call_station rule_based --hands 1000
-    python bench/poker_eval.py play --run-dir runs/poker-callstation-seed0 --opponents call_station rule_based
-    python bench/poker_eval.py summarize            # docs/bench/poker/summary.json (+ summary.md)
+    python experiments/poker/poker_eval.py play --run-dir runs/poker-callstation-seed0 --opponents call_station rule_based
+    python experiments/poker/poker_eval.py summarize            # docs/bench/poker/summary.json (+ summary.md)
 
 The deals are the learner's held-out ones: deal i is the initial state of seed
 `int(stable_id("env-eval", i), 16)` (`EnvTask.eval_prompts`, the seeds `run.eval_size` takes, so the
@@ -20,7 +20,7 @@ Every policy plays as the learner's evaluation does: at most `task.max_turns` de
 hand. The model plays through `echo2.rollout.episodes.play` (greedy, batches of `run.eval_batch_size`,
 the engine the learner evaluates with), so its numbers are the learner's `eval/*` on these deals. The
 fixed baselines (`fold_check`, `check_call`, `random` seeded per deal, `hand_strength`; the rules in
-bench/poker_baselines.py) answer with a well-formed `<answer>...</answer>` through the same env parser.
+experiments/poker/poker_baselines.py) answer with a well-formed `<answer>...</answer>` through the same env parser.
 
 Per hand (docs/bench/poker/hands/POLICY__OPPONENT.jsonl.gz): deal index and seed, seat, chip result
 in BB (without penalties), return (with them), whether a reply was malformed, the policy's decisions
@@ -45,7 +45,8 @@ from pathlib import Path
 
 from poker_baselines import BASELINES, baseline_reply
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
 OUT = ROOT / "docs" / "bench" / "poker"
 CATEGORIES = ("fold", "check", "call", "raise", "malformed")
 TRAIN_CHECK_SEEDS, TRAIN_CHECK_INDICES = 10, 100_000
@@ -383,7 +384,6 @@ def markdown(summary: dict) -> str:
 
 # ---------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/stats.py
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("play", help="play policies on the held-out deals; write OUT/hands/*.jsonl.gz")
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             write_hands(args.out / "hands" / f"{policy}__{opponent}.jsonl.gz", rows)
             runs[f"{policy}__{opponent}"] = {
                 "env": cfg.env, "max_turns": cfg.max_turns, "seconds": round(time.perf_counter() - t0, 1),
-                "command": "python bench/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": "python experiments/poker/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             }  # fmt: skip
             print(f"{policy} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand")
     if args.model or args.run_dir:
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(seconds, 1), "threads": config.run.threads, "device": args.device,
                 "dtype": args.dtype,
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                "command": "python bench/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": "python experiments/poker/poker_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             }  # fmt: skip
             print(
                 f"{label} vs {opponent}: {sum(r['chips'] for r in rows) / len(rows):+.3f} BB/hand, {seconds:.0f} s"

@@ -16,8 +16,8 @@ cards, so the unit is the deal: each deal's raise share, strong deals against we
 Welch's t-interval, for the first and the last `--window` steps, and the late-minus-early change
 of that gap per seed with its t-interval over seeds.
 
-    python bench/poker_strategy.py --out docs/bench/poker_warm --json docs/bench/poker_warm/strategy.json
-    python bench/poker_strategy.py --runs runs/pw-seed0 runs/pw-seed1 runs/pw-seed2 --window 8 \
+    python experiments/poker/poker_strategy.py --out docs/bench/poker_warm --json docs/bench/poker_warm/strategy.json
+    python experiments/poker/poker_strategy.py --runs runs/pw-seed0 runs/pw-seed1 runs/pw-seed2 --window 8 \
         --json docs/bench/poker_warm/training_strategy.json
 """
 
@@ -30,6 +30,9 @@ import sys
 from pathlib import Path
 
 from poker_baselines import strong_preflop
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
 
 
 def hole_cards(seed: int, opponent: str) -> tuple[list[str], bool]:
@@ -184,7 +187,7 @@ def main() -> None:
     from common import write_json
     from poker_eval import read_hands
 
-    command = "python bench/poker_strategy.py " + " ".join(sys.argv[1:])
+    command = "python experiments/poker/poker_strategy.py " + " ".join(sys.argv[1:])
     if args.runs:
         table = runs_table(args.runs, args.window)
         write_json(args.json, {"command": command, "runs": json.loads(json.dumps(table, default=_plain))})

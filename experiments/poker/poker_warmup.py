@@ -2,7 +2,7 @@
 that GRPO starts from a model that names legal actions of every kind instead of one that repeats
 the observation (every untrained reply is malformed, docs/tasks.md).
 
-The targets are the `random` baseline's replies (bench/poker_baselines.py: a uniform legal action kind,
+The targets are the `random` baseline's replies (experiments/poker/poker_baselines.py: a uniform legal action kind,
 fold only facing a bet, a raise to a uniform legal size) at each deal's first decision, on training
 deals only: deal k of warm-up seed s is the initial state of `stable_id("env-warmup", s, k)`, a
 seed space apart from both the learner's training and held-out deals (checked). The context is the
@@ -11,12 +11,12 @@ learner's own: the chat-rendered system prompt and observation, then the env's r
 EOS that ends the message). The cards never decide the target, so whatever the warmed model does with its
 cards afterwards is GRPO's.
 
-    OMP_NUM_THREADS=2 python bench/poker_warmup.py --config configs/poker.toml --deals 512 \\
+    OMP_NUM_THREADS=2 python experiments/poker/poker_warmup.py --config configs/poker.toml --deals 512 \\
         --threads 2 --out runs/poker-warm --json docs/bench/poker_warm/warmup.json   # ~13 min, CPU
 
 `--out` is an HF model directory (config.json, safetensors, tokenizer) with `poker.toml`, the
 config's copy with this model: `echo2 run runs/poker-warm/poker.toml --run.seed=1` trains from it and
-`python bench/poker_eval.py play --model runs/poker-warm/poker.toml` plays it.
+`python experiments/poker/poker_eval.py play --model runs/poker-warm/poker.toml` plays it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ import random
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
 
 
 def warmup_examples(config, tokenizer, deals: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -109,7 +112,7 @@ def main() -> None:
     write_json(
         args.json,
         {
-            "command": "python bench/poker_warmup.py " + " ".join(sys.argv[1:]),
+            "command": "python experiments/poker/poker_warmup.py " + " ".join(sys.argv[1:]),
             "settings": vars(args),
             "examples": len(examples),
             "seconds": round(time.perf_counter() - t0, 1),

@@ -3,7 +3,7 @@ held-out accuracy (mean of the last 3 evaluations) with its 95% t-interval over 
 against lag 0 paired by seed (the same seed: the same initial model, prompt stream and held-out set),
 worded by the intervals alone.
 
-    python bench/staleness_report.py docs/bench/staleness_powered.json --json \\
+    python experiments/staleness/staleness_report.py docs/bench/staleness_powered.json --json \\
         docs/bench/staleness_powered_arms.json --md docs/bench/staleness_powered_arms.md \\
         --plot docs/staleness_powered_arms.png
 
@@ -24,7 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
 from stats import detectable_gap, mean_ci, paired_ci, seeds_per_arm, welch_ci  # noqa: E402
 
 ARMS = [(0, "clip"), (4, "clip"), (8, "clip"), (4, "dual_clip"), (8, "dual_clip")]

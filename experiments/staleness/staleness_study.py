@@ -7,11 +7,11 @@ order of importance; after every row the results JSON, the markdown table and th
 rewritten, so a partial study is reportable. A row already in the results is skipped (--force
 reruns it). Run one row alone with --only:
 
-    python bench/staleness_study.py                                   # the powered grid
-    python bench/staleness_study.py --grid pilot --only lag=4,correction=tis,seed=0
-    python bench/staleness_study.py --only workers=2,seed=0
-    python bench/staleness_study.py --only seed=3 --set learner.device=cuda --json a.json  # on a GPU
-    python bench/staleness_study.py --merge a.json b.json --json docs/bench/staleness_gpu.json
+    python experiments/staleness/staleness_study.py                                   # the powered grid
+    python experiments/staleness/staleness_study.py --grid pilot --only lag=4,correction=tis,seed=0
+    python experiments/staleness/staleness_study.py --only workers=2,seed=0
+    python experiments/staleness/staleness_study.py --only seed=3 --set learner.device=cuda --json a.json  # on a GPU
+    python experiments/staleness/staleness_study.py --merge a.json b.json --json docs/bench/staleness_gpu.json
 
 --set KEY=VALUE passes a config override to every row (recorded in the results' settings); --merge
 joins results files written by several instances (one per seed, say) into one JSON, table and plot.
@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import write_json
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
+from common import write_json  # noqa: E402
 
 # (lag, correction, seed) in the order the study runs them: the comparisons the recommendation
 # rests on first (lag 0 and 8 with clip, lag 4 with clip, lag 8 under each correction).

@@ -1,4 +1,4 @@
-"""Benchmark: wall time to a held-out accuracy on the quickstart task, echo2 (each engine) vs TRL, over seeds.
+"""Study: wall time to a held-out accuracy on the quickstart task, echo2 (each engine) vs TRL, over seeds.
 
 What a user compares: how long until the policy reaches `--target` greedy accuracy on the held-out
 arithmetic problems. Each side trains SmolLM2-135M-Instruct (fp32) on the arithmetic task's
@@ -43,7 +43,7 @@ interval (over the runs that reached it), and per pair of sides the ratio of med
 bootstrap interval over seeds (resampled jointly: a seed fixes both sides' prompts) and its
 wording ("not resolved" when it covers 1).
 
-    python bench/time_to_accuracy.py --engines hf --trl --seeds 0 1 2 3 4 --json docs/bench/time_to_accuracy_seeds.json
+    python experiments/time_to_accuracy/time_to_accuracy.py --engines hf --trl --seeds 0 1 2 3 4 --json docs/bench/time_to_accuracy_seeds.json
 """
 
 from __future__ import annotations
@@ -62,10 +62,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from common import trl_grpo_config, write_json
-from stats import bootstrap_ci, mean_ci, welch_ci, word_comparison
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))  # the harness the benchmarks share: bench/common.py, bench/stats.py
+from common import trl_grpo_config, write_json  # noqa: E402
+from stats import bootstrap_ci, mean_ci, welch_ci, word_comparison  # noqa: E402
+
 PROMPTS, GROUP = 4, 8  # configs/quickstart.toml's rollout.prompts_per_step, rollout.group_size
 RECORDS = PROMPTS * GROUP
 SETTINGS = ("steps", "eval_every", "eval_size", "target", "threads")
@@ -73,7 +75,7 @@ SETTINGS = ("steps", "eval_every", "eval_size", "target", "threads")
 BEFORE = re.compile(r"held-out accuracy before training: ([0-9.]+)")
 
 
-# ---------------------------------------------------------------- pure parts (tests/bench/test_time_to_accuracy.py)
+# ---------------------------------------------------------------- pure parts (tests/experiments/test_time_to_accuracy.py)
 def first_reaching(evals: list[tuple[int, float, float]], target: float) -> dict | None:
     """(step, cumulative seconds, accuracy) rows -> the first at or above target."""
     for step, seconds, acc in evals:

@@ -1,28 +1,23 @@
-"""bench/poker_eval.py's and bench/poker_baselines.py's pure parts (issue 23, "Evidence that holds"):
-the hand-strength rule and its preflop split, the decision histogram, the paired difference over the
-same deals; and, where pokerkit is installed, that the always-fold/check baseline is exactly the
-env's rule for a malformed reply."""
+"""experiments/poker/poker_eval.py's and experiments/poker/poker_baselines.py's pure parts (issue 23,
+"Evidence that holds"): the hand-strength rule and its preflop split, the decision histogram, the
+paired difference over the same deals; and, where pokerkit is installed, that the always-fold/check
+baseline is exactly the env's rule for a malformed reply."""
 
 from __future__ import annotations
 
 import importlib
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+
+@pytest.fixture
+def pe():
+    return importlib.import_module("poker_eval")  # experiments/poker/ and bench/ on sys.path: conftest.py
 
 
 @pytest.fixture
-def pe(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # as `python bench/poker_eval.py` imports stats
-    return importlib.import_module("poker_eval")
-
-
-@pytest.fixture
-def pb(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+def pb():
     return importlib.import_module("poker_baselines")
 
 

@@ -1,4 +1,4 @@
-"""bench/staleness_report.py (issue 23's powered staleness study): arms, seed-paired comparisons and
+"""experiments/staleness/staleness_report.py (issue 23's powered staleness study): arms, seed-paired comparisons and
 their wording, on rows worked by hand."""
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def sr(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    return importlib.import_module("staleness_report")
+def sr():
+    return importlib.import_module("staleness_report")  # experiments/staleness/ on sys.path: conftest.py
 
 
 def rows(arm: dict[tuple[int, str], list[float]]) -> list[dict]:
@@ -78,7 +77,7 @@ def test_command_line_writes_json_and_markdown(tmp_path):
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "staleness_report.py"),
+            str(ROOT / "experiments" / "staleness" / "staleness_report.py"),
             str(src),
             "--json",
             str(out_json),
@@ -109,7 +108,7 @@ def test_curves_average_the_seeds_at_each_evaluation(sr):
 
 def _study(tmp_path, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "staleness_study.py"), *args],
+        [sys.executable, str(ROOT / "experiments" / "staleness" / "staleness_study.py"), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""The time-to-accuracy bench's pure parts (issue 23): the first evaluation reaching the target and
+"""The time-to-accuracy study's pure parts (issue 23): the first evaluation reaching the target and
 what a run counts up to it (a run stopped late counts nothing after it), the seeded plan and
 `--resume`'s skipping, and the summary over fabricated runs, a side with a run that never reached
 the target included. No model, no training."""

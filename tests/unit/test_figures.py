@@ -6,7 +6,8 @@ A figure is a markdown image `![...](PATH.png)`. For each one:
 - the PNG exists (relative to the doc);
 - its section (from the heading above it to the next heading of any level; `#` lines inside fenced
   blocks are not headings) names at least one of:
-  - **a command that produces it**: `python bench/X.py` or `python scripts/X.py`, `scripts/X.sh`
+  - **a command that produces it**: `python bench/X.py`, `python experiments/STUDY/X.py` or
+    `python scripts/X.py`, `scripts/X.sh`
     (with or without `bash `), where the script exists and the command's own text or the script's
     source names the PNG's file name (`--plot docs/bench/bubble.png`, `"plot": "docs/staleness.png"`);
     or `echo2 SUB ...` with SUB one of the CLI's subcommands, when the command's text names the PNG's
@@ -33,7 +34,7 @@ RAW_DIRS = (ROOT / "docs" / "bench", ROOT / "docs" / "reproduction")
 
 IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+\.png)>?(?:\s+\"[^\"]*\")?\s*\)")
 SCRIPT_CMD = re.compile(
-    r"(?:python3?\s+)((?:bench|scripts)/[\w./-]+\.py)|(?<![\w/])((?:\./)?scripts/[\w./-]+\.sh)"
+    r"(?:python3?\s+)((?:bench|experiments|scripts)/[\w./-]+\.py)|(?<![\w/])((?:\./)?scripts/[\w./-]+\.sh)"
 )
 ECHO2_CMD = re.compile(r"(?<![\w/-])echo2\s+([a-z][\w-]*)")
 RAW = re.compile(r"(?<![\w-])((?:docs/)?(?:bench|reproduction)/)?([\w.-]+\.(?:json|jsonl|md|csv|txt|log))\b")

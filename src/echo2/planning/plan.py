@@ -91,7 +91,7 @@ STUDIED_RESOLUTION = (
     "95% interval [-0.087, +0.042]; lag 4: +0.010 [-0.032, +0.051]); a loss up to about 0.09 at S = 8 "
     "is not ruled out"
 )
-"""What the powered study's intervals support (bench/staleness_report.py: paired by seed, 6 seeds per
+"""What the powered study's intervals support (experiments/staleness/staleness_report.py: paired by seed, 6 seeds per
 `clip` arm, 48 steps on the quickstart task)."""
 
 
