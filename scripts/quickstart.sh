@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, then GRPO on SmolLM2-135M-Instruct for arithmetic (about 12 minutes on 2 CPU cores).
+# Set up, then GRPO on SmolLM2-135M-Instruct for arithmetic (time, memory and disk: README.md).
 # Extra arguments go to `echo2 run`, e.g. scripts/quickstart.sh --run.seed=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
