@@ -129,8 +129,9 @@ def test_runs_never_collide(tmp_path, monkeypatch, capsys):
 
 
 def test_zero_reward_variance_warns(tmp_path, caplog):
-    """Arithmetic on a random model: every reward is 0, so no group has a gradient; say so."""
-    assert main(["run", TINY, f"--run.dir={tmp_path / 'r'}", "--learner.steps=1", "--run.eval_size=0"]) == 0
+    """Arithmetic on a random model: every reward is 0, so no group has a gradient; after 5 such steps
+    in a row (tracking.WARN_AFTER), say so."""
+    assert main(["run", TINY, f"--run.dir={tmp_path / 'r'}", "--learner.steps=5", "--run.eval_size=0"]) == 0
     row = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["reward/zero_std_fraction"] == 1.0
     assert any("every group's rewards are equal" in r.getMessage() for r in caplog.records)
