@@ -24,8 +24,7 @@ fetches the full snapshot instead) and any delta whose result hashes differently
 a full snapshot (`chunks.make_manifest`); the signature over its chunks covers the header, and so
 the result's hash.
 
-Pure: no I/O, no torch (numpy and zstandard only); tensors are encoded and rebuilt on a pool of
-threads (`threads`, default every core), with the same bytes whatever the count. Knows nothing of versions beyond the two numbers
+Pure: no I/O, no torch (numpy, zstandard); tensors are encoded and rebuilt on `threads` threads. Knows nothing of versions beyond the two numbers
 it records, of workers or of the network. Guarantees: `apply(base, encode(base, new, ...))` returns
 `new` bit for bit, or raises.
 """
@@ -243,8 +242,7 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int |
     header, payload_start = read_header(delta)
     if len(base) != header.base_size:
         raise BaseMismatch(
-            f"delta {header.base_version} -> {header.version} needs base {header.base_sha256[:12]} "
-            f"({header.base_size} bytes), offered {len(base)} bytes"
+            f"delta {header.version} needs base {header.base_sha256[:12]} ({header.base_size} bytes)"
         )
     base_u8 = None if isinstance(base, SnapshotBytes) else np.frombuffer(base, np.uint8)
     payloads = memoryview(delta)[payload_start:]
@@ -282,11 +280,9 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int |
         values = _unplanes(raw[4 * s.count :], s.width).view(f"<u{s.width}")
         dest.view(f"<u{s.width}")[positions] ^= values
 
-    base_sha256 = (
-        (lambda: base.sha256())
-        if isinstance(base, SnapshotBytes)
-        else (lambda: hashlib.sha256(base).hexdigest())
-    )
+    def base_sha256() -> str:
+        return base.sha256() if isinstance(base, SnapshotBytes) else hashlib.sha256(base).hexdigest()
+
     n = _threads(threads, len(header.segments))
     if n == 1:  # one core: the base checked first, then each segment, then the result hashed
         _check_base(header, base_sha256(), len(base))
