@@ -11,16 +11,7 @@ import pytest
 from echo2.cli import main
 from echo2.sim.scenario import expand, load_tree
 
-MIB = 2**20
 PAPER = sorted(Path(__file__).resolve().parents[2].joinpath("scenarios", "paper").glob("*.toml"))
-
-BASE = {
-    "seed": 1,
-    "steps": 40,
-    "learner": {"t_train": 100.0, "batch": 256, "group_size": 8, "staleness": 3, "snapshot_gb": 1.0},
-    "broadcast": {"topology": "star", "chunk_mib": 64.0},
-    "workers": [{"name": "w", "count": 4, "throughput": 0.5, "download_mbps": 200.0}],
-}
 
 
 # ---------------------------------------------------------------------------- scenario files, CLI
