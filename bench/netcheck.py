@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from netns import PREFIX, Host, NetnsError, ShapedNetwork, _run, install_cleanup
+from netns import PREFIX, ShapedNetwork, install_cleanup
+from netns_host import Host, NetnsError, run
 
 _TCP_SCRIPT = Path(__file__).resolve().with_name("tcp_transfer.py")
 
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
     """Namespaces and root-namespace links whose names start with `prefix`."""
-    out = [n.split()[0] for n in _run(["ip", "netns", "list"]).stdout.splitlines() if n.startswith(prefix)]
-    for line in _run(["ip", "-o", "link", "show"]).stdout.splitlines():
+    out = [n.split()[0] for n in run(["ip", "netns", "list"]).stdout.splitlines() if n.startswith(prefix)]
+    for line in run(["ip", "-o", "link", "show"]).stdout.splitlines():
         m = re.match(r"\d+:\s+([^:@\s]+)", line)
         if m and m.group(1).startswith(prefix):
             out.append(m.group(1))
@@ -39,9 +40,9 @@ def purge_stale() -> list[str]:
         m = re.match(rf"{PREFIX}(\d+)", name)
         if not m or _pid_alive(int(m.group(1))):
             continue
-        is_ns = name in _run(["ip", "netns", "list"]).stdout.split()
+        is_ns = name in run(["ip", "netns", "list"]).stdout.split()
         argv = ["ip", "netns", "del", name] if is_ns else ["ip", "link", "del", name]
-        if _run(argv, check=False).returncode == 0:
+        if run(argv, check=False).returncode == 0:
             gone.append(name)
     return gone
 

@@ -58,75 +58,16 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from procs import child_env, stop_processes
+from netns_host import Host, NetnsError, run
+from procs import stop_processes
 from shaping import Rate, Shape, tbf_args
 
 PREFIX = "e2b-"  # every namespace and link this module creates starts with it
 LOCK_NAME = "echo2-netns-subnet-"  # abstract unix socket claiming a /16 for a live ShapedNetwork
 IFNAMSIZ = 15
-
-
-class NetnsError(RuntimeError):
-    """A command that builds or shapes the network failed."""
-
-
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        raise NetnsError(f"{' '.join(argv)}: exit {p.returncode}: {(p.stderr or p.stdout).strip()}")
-    return p
-
-
-@dataclass
-class Host:
-    """One namespace on the bridge. `veth` is the bridge-side end (root namespace); inside the
-    namespace the other end is `eth0` with address `ip`."""
-
-    name: str
-    ip: str
-    netns: str
-    veth: str
-    shape: Shape
-    _net: ShapedNetwork = field(repr=False)
-
-    def cmd(self, argv: Sequence[str]) -> list[str]:
-        """`argv` prefixed to run inside this namespace."""
-        return ["ip", "netns", "exec", self.netns, *argv]
-
-    def python(self, *args: str) -> list[str]:
-        """argv for this interpreter (the venv's python) with `args`, e.g. host.python("-m", "echo2.x")."""
-        return [sys.executable, *args]
-
-    def popen(
-        self, cmd: Sequence[str] | str, *, env: Mapping[str, str | None] | None = None, **kw: Any
-    ) -> subprocess.Popen:
-        """Start `cmd` (argv, or a string for /bin/sh -c) inside the namespace with `child_env(env)`.
-        The process leads a new session (so its whole group can be stopped) unless overridden, and
-        is stopped by the network's `close()` if still running then."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        kw.setdefault("start_new_session", True)
-        p = subprocess.Popen(self.cmd(argv), env=child_env(env), **kw)
-        self._net._procs.append(p)
-        return p
-
-    def run(
-        self,
-        cmd: Sequence[str] | str,
-        *,
-        env: Mapping[str, str | None] | None = None,
-        timeout: float | None = 60.0,
-        **kw: Any,
-    ) -> subprocess.CompletedProcess:
-        """Run `cmd` inside the namespace to completion (like subprocess.run; text output captured
-        unless overridden)."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        kw.setdefault("capture_output", True)
-        kw.setdefault("text", True)
-        return subprocess.run(self.cmd(argv), env=child_env(env), timeout=timeout, **kw)
 
 
 # --- process-wide bookkeeping: the live networks, closed at exit by an entry point's install_cleanup ---
@@ -276,9 +217,9 @@ class ShapedNetwork:
         try:
             self._claim_subnet()
             self._add_link(self.bridge, ["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "link", "set", self.bridge, "type", "bridge", "forward_delay", "0", "stp_state", "0"])
-            _run(["ip", "addr", "add", f"{self.bridge_ip}/16", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
+            run(["ip", "link", "set", self.bridge, "type", "bridge", "forward_delay", "0", "stp_state", "0"])
+            run(["ip", "addr", "add", f"{self.bridge_ip}/16", "dev", self.bridge])
+            run(["ip", "link", "set", self.bridge, "up"])
             self.learner = self._add_host(
                 "learner", f"{self.prefix}learner", f"{self.prefix}l", self.learner_ip, self._learner_shape
             )
@@ -292,7 +233,7 @@ class ShapedNetwork:
         return self
 
     def _claim_subnet(self) -> None:
-        used = _run(["ip", "-4", "-o", "addr", "show"]).stdout + _run(["ip", "-4", "route", "show"]).stdout
+        used = run(["ip", "-4", "-o", "addr", "show"]).stdout + run(["ip", "-4", "route", "show"]).stdout
         candidates = [self._want_subnet] if self._want_subnet else [f"10.{b}" for b in range(77, 127)]
         for sub in candidates:
             if not re.fullmatch(r"\d{1,3}\.\d{1,3}", sub):
@@ -314,18 +255,18 @@ class ShapedNetwork:
 
     def _add_link(self, name: str, argv: list[str]) -> None:
         self._made_links.append(name)  # before creating: close() tolerates names that do not exist
-        _run(argv)
+        run(argv)
 
     def _add_host(self, name: str, netns: str, veth: str, ip: str, shape: Shape) -> Host:
         self._made_netns.append(netns)
-        _run(["ip", "netns", "add", netns])
+        run(["ip", "netns", "add", netns])
         self._add_link(
             veth, ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns]
         )
-        _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
-        _run(["ip", "-n", netns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", netns, "addr", "add", f"{ip}/16", "dev", "eth0"])
-        _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+        run(["ip", "link", "set", veth, "master", self.bridge, "up"])
+        run(["ip", "-n", netns, "link", "set", "lo", "up"])
+        run(["ip", "-n", netns, "addr", "add", f"{ip}/16", "dev", "eth0"])
+        run(["ip", "-n", netns, "link", "set", "eth0", "up"])
         host = Host(name=name, ip=ip, netns=netns, veth=veth, shape=Shape(), _net=self)
         self._apply(host, shape)
         return host
@@ -336,9 +277,9 @@ class ShapedNetwork:
             ([], host.veth, shape.down_mbps, host.shape.down_mbps),
         ):
             if rate is not None:
-                _run(["tc", *ns_args, "qdisc", "replace", "dev", dev, "root", *tbf_args(rate)])
+                run(["tc", *ns_args, "qdisc", "replace", "dev", dev, "root", *tbf_args(rate)])
             elif old is not None:
-                _run(["tc", *ns_args, "qdisc", "del", "dev", dev, "root"])
+                run(["tc", *ns_args, "qdisc", "del", "dev", dev, "root"])
         host.shape = shape
 
     def reshape(self, host: Host, spec: Shape | Rate | tuple[Rate, Rate]) -> None:
@@ -355,12 +296,12 @@ class ShapedNetwork:
                 self._kill_netns_pids(ns)
             while self._made_links:
                 name = self._made_links.pop()
-                p = _run(["ip", "link", "del", name], check=False)
+                p = run(["ip", "link", "del", name], check=False)
                 if p.returncode != 0 and "Cannot find device" not in p.stderr:
                     errors.append(f"ip link del {name}: {p.stderr.strip()}")
             while self._made_netns:
                 ns = self._made_netns.pop()
-                p = _run(["ip", "netns", "del", ns], check=False)
+                p = run(["ip", "netns", "del", ns], check=False)
                 if p.returncode != 0 and "No such file" not in p.stderr:
                     errors.append(f"ip netns del {ns}: {p.stderr.strip()}")
             if self._lock_sock is not None:
@@ -377,7 +318,7 @@ class ShapedNetwork:
 
     @staticmethod
     def _kill_netns_pids(ns: str) -> None:
-        p = _run(["ip", "netns", "pids", ns], check=False)
+        p = run(["ip", "netns", "pids", ns], check=False)
         for tok in p.stdout.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(tok), signal.SIGKILL)

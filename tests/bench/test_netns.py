@@ -7,7 +7,8 @@ from __future__ import annotations
 import netns
 import pytest
 from netcheck import leftovers, loopback_ok, measure_tcp, reachable
-from netns import NetnsError, ShapedNetwork
+from netns import ShapedNetwork
+from netns_host import NetnsError
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaped_network")]
 
@@ -62,7 +63,7 @@ def test_importing_the_harness_installs_no_handlers():
         # what the harness imports from echo2 and the libraries (logging registers its own atexit)
         "import logging, echo2.coordinator.state, echo2.broadcast.tracker, echo2.broadcast.plan;"
         "n = atexit._ncallbacks();"
-        "import netns, netcheck, broadcast, broadcast_learner, broadcast_report, procs, procstat, shaping;"
+        "import netns, netns_host, netcheck, broadcast, broadcast_learner, broadcast_report, procs, procstat, shaping;"
         "assert atexit._ncallbacks() == n, 'atexit';"
         "assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGHUP) == signal.SIG_DFL;"
         "netns.install_cleanup(); assert atexit._ncallbacks() == n + 1;"

@@ -1,4 +1,4 @@
-"""experiments/poker/poker_eval.py's and experiments/poker/poker_baselines.py's pure parts (issue 23,
+"""experiments/poker/poker_eval.py's, poker_summary.py's and poker_baselines.py's pure parts (issue 23,
 "Evidence that holds"): the hand-strength rule and its preflop split, the decision histogram, the
 paired difference over the same deals; and, where pokerkit is installed, that the always-fold/check
 baseline is exactly the env's rule for a malformed reply."""
@@ -14,6 +14,11 @@ import pytest
 @pytest.fixture
 def pe():
     return importlib.import_module("poker_eval")  # experiments/poker/ and bench/ on sys.path: conftest.py
+
+
+@pytest.fixture
+def ps():
+    return importlib.import_module("poker_summary")
 
 
 @pytest.fixture
@@ -72,45 +77,45 @@ def test_hand_strength_rule(pb):
     )
 
 
-def test_category_and_histogram(pe):
-    assert pe.category("you raise to 3", False) == "raise"
-    assert pe.category("you call", False) == "call"
-    assert pe.category("you check", True) == "malformed"  # the default action a malformed reply got
+def test_category_and_histogram(ps):
+    assert ps.category("you raise to 3", False) == "raise"
+    assert ps.category("you call", False) == "call"
+    assert ps.category("you check", True) == "malformed"  # the default action a malformed reply got
     with pytest.raises(ValueError):
-        pe.category("you shove", False)
+        ps.category("you shove", False)
     hands = [
         {"decisions": [{"cat": "malformed"}, {"cat": "check"}]},
         {"decisions": [{"cat": "raise"}]},
         {"decisions": []},
         {"decisions": [{"cat": "malformed"}, {"cat": "fold"}]},
     ]
-    assert pe.histogram(hands) == {"fold": 1, "check": 1, "call": 0, "raise": 1, "malformed": 2}
+    assert ps.histogram(hands) == {"fold": 1, "check": 1, "call": 0, "raise": 1, "malformed": 2}
     with pytest.raises(ValueError):
-        pe.histogram([{"decisions": [{"cat": "bet"}]}])
+        ps.histogram([{"decisions": [{"cat": "bet"}]}])
 
 
 def _hands(chips_by_seed, seat="sb"):
     return [{"seed": s, "seat": seat, "chips": c} for s, c in chips_by_seed]
 
 
-def test_paired_difference_matches_deals_by_seed(pe):
+def test_paired_difference_matches_deals_by_seed(ps):
     a = _hands([(10, 1.0), (11, 2.0), (12, 3.0), (13, 4.0), (99, 50.0)])  # 99: only a played it
     b = _hands([(13, 1.0), (12, 1.0), (11, 0.0), (10, 0.0)])  # another order
-    iv = pe.paired(a, b)
+    iv = ps.paired(a, b)
     # differences 1, 2, 2, 3: mean 2, sd sqrt(2/3), se sqrt(2/3)/2, t(0.975, 3) = 3.182
     half = 3.182446 * math.sqrt(2 / 3) / 2
     assert iv.n == 4 and iv.estimate == pytest.approx(2.0)
     assert (iv.low, iv.high) == pytest.approx((2 - half, 2 + half), abs=1e-5)
     with pytest.raises(ValueError, match="seat"):
-        pe.paired(a, _hands([(10, 0.0), (11, 0.0)], seat="bb"))
+        ps.paired(a, _hands([(10, 0.0), (11, 0.0)], seat="bb"))
 
 
-def test_hands_file_round_trip_is_byte_identical(pe, tmp_path):
+def test_hands_file_round_trip_is_byte_identical(pe, ps, tmp_path):
     rows = [{"i": 0, "seed": 5, "chips": -0.5, "decisions": [{"cat": "fold", "applied": "you fold"}]}]
     pe.write_hands(tmp_path / "a.jsonl.gz", rows)
     pe.write_hands(tmp_path / "b.jsonl.gz", rows)
     assert (tmp_path / "a.jsonl.gz").read_bytes() == (tmp_path / "b.jsonl.gz").read_bytes()
-    assert pe.read_hands(tmp_path / "a.jsonl.gz") == rows
+    assert ps.read_hands(tmp_path / "a.jsonl.gz") == rows
 
 
 def test_runs_file_keeps_every_writers_entries(pe, tmp_path):

@@ -9,8 +9,8 @@ import json
 import math
 
 import pytest
-import time_to_accuracy as tta
-from time_to_accuracy import (
+import tta_summary as tta
+from tta_summary import (
     compare,
     eval_due,
     first_reaching,

@@ -1,7 +1,7 @@
 """Delta snapshots: the bytes of published version v+k given those of version v, losslessly.
 
-A snapshot on the wire is a safetensors file in the wire dtype (fp32 or bf16; `control.remote.
-serialise`), each weight once: tied aliases are left out (`models.tied_names`), so a delta, which
+A snapshot on the wire is a safetensors file in the wire dtype (fp32 or bf16;
+`learning.sources.remote.serialise`), each weight once: tied aliases are left out (`models.tied_names`), so a delta, which
 is taken over those bytes, also carries every tied weight once. `encode` pairs each tensor of the
 new snapshot with the same name, dtype and shape in the base and stores, per tensor, whichever of
 these is smallest, by measurement:
@@ -24,9 +24,9 @@ fetches the full snapshot instead) and any delta whose result hashes differently
 a full snapshot (`chunks.make_manifest`); the signature over its chunks covers the header, and so
 the result's hash.
 
-Pure: no I/O, no torch (numpy, zstandard); tensors are encoded and rebuilt on `threads` threads. Knows nothing of versions beyond the two numbers
-it records, of workers or of the network. Guarantees: `apply(base, encode(base, new, ...))` returns
-`new` bit for bit, or raises.
+Pure: no I/O, no torch (numpy, zstandard), tensors coded on `threads` threads; knows nothing of
+versions beyond the two it records, of workers or of the network. `apply(base, encode(base, new,
+...))` returns `new` bit for bit, or raises.
 """
 
 from __future__ import annotations
@@ -45,10 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from echo2.broadcast.chunks import SnapshotBytes, VerificationError
 
-MAGIC = b"echo2\x00d1"
-"""First 8 bytes of a delta (a full snapshot starts with its safetensors header length instead)."""
-MAX_HEADER = 100_000_000
-"""Largest delta header accepted, as safetensors limits its own."""
+MAGIC = b"echo2\x00d1"  # first 8 bytes of a delta (a full snapshot starts with its header length)
+MAX_HEADER = 100_000_000  # largest delta header accepted, as safetensors limits its own
 LEVEL = 1
 """zstd level. Measured on SmolLM2-135M deltas (docs/benchmarks.md, "Delta snapshots"): level 1
 compresses them as small as level 3, or smaller, 1.1-1.5 times faster."""
