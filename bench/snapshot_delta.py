@@ -4,7 +4,7 @@ Runs the quickstart GRPO loop (configs/quickstart.toml: SmolLM2-135M-Instruct, a
 rollouts of 16 tokens per step, staleness 0 so every step publishes) in process, one torch thread,
 for --steps steps at each --lr, and catches every snapshot the loop makes (`loop.make_snapshot`,
 wrapped). Each published version v is serialised as the broadcast sends it
-(`control.remote.serialise`) in fp32 and in bf16 (the bf16 wire snapshot is the fp32 master weights
+(`learning.sources.remote.serialise`) in fp32 and in bf16 (the bf16 wire snapshot is the fp32 master weights
 cast, as `snapshot_state` casts them), and for kappa 1 and 4 the delta from version v - kappa
 (`broadcast.delta.encode`) is timed, applied back (`broadcast.delta.apply`, both hash checks
 included), timed and checked bit for bit. Throughput is MB (1e6 bytes) of full snapshot per second

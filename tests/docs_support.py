@@ -197,7 +197,7 @@ def check_file_name(path: str, name: str) -> str | None:
 
 
 def module_file(dotted: str) -> bool:
-    """Whether `a.b...` starts with a module of echo2 (`broadcast.plan`, `control.capacity.mu_min`)."""
+    """Whether `a.b...` starts with a module of echo2 (`broadcast.plan`, `planning.capacity.mu_min`)."""
     parts = dotted.split(".")
     return len(parts) >= 2 and (SRC / "echo2" / parts[0] / f"{parts[1]}.py").is_file()
 

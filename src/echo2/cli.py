@@ -2,7 +2,7 @@
 
 `run` and `learner` call `learning.loop.run` with the `SourceSpec` the flags describe (in process,
 a coordinator, local worker processes via `fleet.providers.local`); `worker` is
-`rollout.worker_cli` (it runs `rollout.worker.Worker`); `plan` prints `control.plan.make_plan`; `simulate` hands over to
+`rollout.worker_cli` (it runs `rollout.worker.Worker`); `plan` prints `planning.plan.make_plan`; `simulate` hands over to
 `sim.cli`. User mistakes (bad config key, missing file, missing token) exit with status 2 and one
 line naming the key or file, before anything starts. Knows no policy of its own.
 """

@@ -24,7 +24,7 @@ from echo2.rollout.safetensors_view import SafetensorsView
 
 
 def wire(model, dtype: str) -> bytes:
-    """The snapshot as the learner publishes it (control.remote.serialise of snapshot_state)."""
+    """The snapshot as the learner publishes it (learning.sources.remote.serialise of snapshot_state)."""
     return save(snapshot_state(model, LearnerConfig(dtype=dtype)))
 
 

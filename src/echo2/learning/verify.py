@@ -41,7 +41,7 @@ PROMPTS_CACHED = 4096
 
 
 class TaskReferee:
-    """Implements `control.validate.Referee` with the task and the learner's tokenizer."""
+    """Implements `wire.validate.Referee` with the task and the learner's tokenizer."""
 
     def __init__(self, task: Task, tokenizer, *, max_new_tokens: int | None = None) -> None:
         """`max_new_tokens`: an episode's per-reply limit (`rollout.max_new_tokens`; rollout/replay.py)."""

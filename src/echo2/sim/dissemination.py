@@ -11,7 +11,7 @@ child's sliding window of `broadcast.progress_timeout_s` averages below the floo
 client judges it: the relay leaves the plan, its tail moves behind another chain's free tail
 (`ChainPlan.demote`), and it is only a tail in the next plan, as the coordinator does
 (broadcast/tracker.py). With `broadcast.delta` the chains carry each publication's delta
-(`control.capacity.publication_bytes`) to workers holding the previous published version; a worker
+(`planning.capacity.publication_bytes`) to workers holding the previous published version; a worker
 further behind downloads the full snapshot directly, at its storage or download rate (the learner's
 uplink share is not modelled for it), and is not a receiver of that publication's T_bcast.
 

@@ -1,11 +1,11 @@
 """The simulated fleet: which workers are rented and when, driven by the system's own policies.
 
 - Initial pool: without a scheduler every worker is active; with one, the run starts with the pool
-  the policy picks for the target gamma * mu_min (`control.capacity.target_throughput`), T_bcast
+  the policy picks for the target gamma * mu_min (`planning.capacity.target_throughput`), T_bcast
   estimated for that pool's size. The "cost" policy picks as `echo2 plan` does
-  (`control.selection.exact`); the "random" policy (the w/o-Cost ablation) draws workers uniformly.
+  (`fleet.selection.exact`); the "random" policy (the w/o-Cost ablation) draws workers uniformly.
 - Scheduler loop: every `interval_s` it samples reported throughput, marks silent workers lost
-  after the heartbeat timeout, asks the policy (`control.scheduler.Scheduler`, or
+  after the heartbeat timeout, asks the policy (`fleet.scheduler.Scheduler`, or
   `RandomActivation` for the ablation), and applies its activations and releases; activated
   workers fetch the snapshot from storage.
 - Billing: the [start, end] of every active period of every worker.
@@ -30,7 +30,7 @@ from echo2.sim.state import SimWorker, World
 
 
 class ActivationPolicy(Protocol):
-    """What the scheduler loop asks; `control.scheduler.Scheduler` and `RandomActivation` implement it."""
+    """What the scheduler loop asks; `fleet.scheduler.Scheduler` and `RandomActivation` implement it."""
 
     @property
     def pending(self) -> bool:

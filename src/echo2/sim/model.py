@@ -8,8 +8,8 @@
 
 Reused, not copied: the replay buffer and its staleness admission (`data.buffer.ReplayBuffer`),
 peer scores and the chain plan (`broadcast.plan`), the target gamma * mu_min
-(`control.capacity.target_throughput`), the cheapest initial pool (`control.selection.exact`, as
-`echo2 plan` picks it) and the online activation policy (`control.scheduler.Scheduler`). What is
+(`planning.capacity.target_throughput`), the cheapest initial pool (`fleet.selection.exact`, as
+`echo2 plan` picks it) and the online activation policy (`fleet.scheduler.Scheduler`). What is
 modelled here is only time. This module wires the groups together, starts their processes in a
 fixed order (the order of random draws is part of the model, so a seed fixes the run) and exposes
 what a finished run recorded to `sim.report`; it knows no policy itself.

@@ -2,7 +2,7 @@
 
 Steady-state metrics are taken over whole publication cycles after the warm-up steps, so a cycle's
 idle time is never cut in half. The predictions beside them come from the capacity model
-(`control.capacity`) and the planner's broadcast formulas (`broadcast.plan`), evaluated with the
+(`planning.capacity`) and the planner's broadcast formulas (`broadcast.plan`), evaluated with the
 simulated T_train, T_bcast and pool throughput. Knows nothing of SimPy; reads a finished
 `Simulation`.
 """

@@ -101,10 +101,10 @@ class BroadcastSpec(_Section):
     """As the runtime's broadcast.delta (off here, so the paper scenarios send full snapshots): a
     worker holding the previous published version receives delta_ratio x the snapshot down the
     chains; a new or further-behind one downloads the full snapshot directly, as an activated worker
-    does (`control.capacity.publication_bytes`)."""
+    does (`planning.capacity.publication_bytes`)."""
     delta_ratio: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     """Delta bytes / full snapshot bytes; default the measured bf16 median for kappa
-    (`control.capacity.delta_ratio`: a 135M model's, extrapolated)."""
+    (`planning.capacity.delta_ratio`: a 135M model's, extrapolated)."""
 
     @property
     def chunk_bytes(self) -> float:
@@ -288,7 +288,7 @@ class Scenario(_Section):
 
     def publication_bytes(self, behind: int | None) -> float:
         """Bytes a worker `behind` publications behind receives (None: nothing installed), with
-        broadcast.delta and its ratio (`control.capacity.publication_bytes`)."""
+        broadcast.delta and its ratio (`planning.capacity.publication_bytes`)."""
         b = self.broadcast
         ratio = (
             b.delta_ratio if b.delta_ratio is not None else capacity.delta_ratio(self.learner.publish_every)

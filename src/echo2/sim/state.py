@@ -92,7 +92,7 @@ class World:
 
     def publication_bytes(self, behind: int | None) -> float:
         """Bytes a worker `behind` publications behind receives (None: nothing installed), with
-        broadcast.delta and its ratio (`control.capacity.publication_bytes`)."""
+        broadcast.delta and its ratio (`planning.capacity.publication_bytes`)."""
         return self.sc.publication_bytes(behind)
 
     @property

@@ -1,7 +1,7 @@
 """A scenario over a parameter list (`[sweep]`): one run per series and x value, a table, a plot.
 
 Every point is validated before the first one runs. With `plan_threshold`, each series also gets
-the smallest worker count that `echo2 plan` (`control.plan.make_plan`, gamma = 1) calls feasible,
+the smallest worker count that `echo2 plan` (`planning.plan.make_plan`, gamma = 1) calls feasible,
 fed with the simulated T_train and T_bcast of that point, to set beside the simulated curve.
 """
 
