@@ -135,14 +135,16 @@ def _wire(groups) -> list[dict]:
 
 
 def test_the_seed_is_the_leases_never_the_workers(door, mallory):
-    """The lease reply carries a coordinator-drawn seed; what a worker writes as its records' seed is
-    replaced by its lease's when they are accepted."""
+    """The lease reply carries the coordinator's seed (one per coordinator: a group's noise is keyed by
+    it and the group's id, so a second lease of other prompts has the same seed and other noise);
+    what a worker writes as its records' seed is replaced by its lease's when they are accepted."""
     from hostile import GROUP_SIZE
 
     status, lease = mallory.lease()
     assert status == 200 and 0 <= lease["sampling_seed"] < 2**63, lease
     status, other = mallory.lease()
-    assert status == 200 and other["sampling_seed"] != lease["sampling_seed"]
+    assert status == 200 and other["sampling_seed"] == lease["sampling_seed"]
+    assert set(other["indices"]).isdisjoint(lease["indices"])
     engine, _ = _gumbel_engine(door)
     prompts = [door.task.train_prompt(i) for i in lease["indices"]]
     records = _wire(collect(engine, door.task, prompts, n=GROUP_SIZE, sampling_seed=lease["sampling_seed"]))

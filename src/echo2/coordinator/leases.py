@@ -132,9 +132,10 @@ class Lease:
     version: int = -1
     """The version the worker asked with (its installed one): its records may not claim an older
     one, which would widen the learner's log-prob bounds (learning/verify.py: `StepCheck`)."""
-    sampling_seed: int = field(default_factory=lambda: secrets.randbits(63))
-    """Seeds the lease's sampling noise (rollout/sampling.py); drawn here, sent in the lease reply,
-    and written into every record accepted on this lease (`screen`), whatever the worker sent."""
+    sampling_seed: int = 0
+    """Seeds the lease's sampling noise (rollout/sampling.py): the coordinator's `Leases.noise_seed`,
+    sent in the lease reply and written into every record accepted on this lease (`screen`),
+    whatever the worker sent."""
     done_groups: set[str] = field(default_factory=set)
     pushed: bool = False
     """A push on it reached the intake, stored or refused: given back, it is not `unpushed`."""
@@ -189,6 +190,12 @@ class Leases:
         evicted as stale and its prompt goes back to the queue)."""
         self.delivery: dict[str, Delivery] = {}
         """What each worker that held a lease delivered (forgotten with the worker)."""
+        self.noise_seed = secrets.randbits(63)
+        """Every lease's sampling seed. The noise of sample j of a group is keyed by this seed and
+        the group's id (rollout/sampling.py), so it is spent when the group is first leased: a
+        worker that has its push refused (stale, over-full) or gives the lease back and leases the
+        prompt again gets the same noise, and under the same weights the same response. A seed per
+        lease let it re-draw a prompt's samples at will, at no cost (issue 41 item 3)."""
 
     # ------------------------------------------------------------------ leases
     def admits(self, version: int) -> bool:
@@ -220,6 +227,7 @@ class Leases:
             index_of={self.group_id_of(i): i for i in indices},
             deadline=now + (self.lease_timeout if deadline_s is None else deadline_s),
             version=version,
+            sampling_seed=self.noise_seed,
         )
         self.leases[lease_id] = lease
         self.delivery.setdefault(worker_id, Delivery()).opened(now)

@@ -3,9 +3,10 @@
 An engine samples token t at response position k of record r as the arg-max, over the truncated
 set (temperature, then top-k, then top-p: the order of transformers' and vLLM's own processors),
 of logits / T + g, where g = -log(-log u) and u is a keyed hash of (seed, record, position, token id)
-(Gumbel-max: the arg-max follows softmax(logits / T) over the set). The seed is the lease's (issued
-by the coordinator), the record key is derived from the leased group's id and the sample's index
-in its group (`record_key`), so a worker cannot choose its noise. The learner, which recomputes the
+(Gumbel-max: the arg-max follows softmax(logits / T) over the set). The seed is the lease's (the
+coordinator's one noise seed, coordinator/leases.py: `Leases.noise_seed`), the record key is derived
+from the leased group's id and the sample's index in its group (`record_key`), so a worker cannot
+choose its noise, nor draw it again by leasing the prompt again. The learner, which recomputes the
 logits anyway, recomputes the scores and checks that every sampled token is the arg-max within
 `TOLERANCE` (`check`): a chosen response (a payload, hindsight-optimal play) fails at the first
 token where it departs from what the noise picks.
@@ -88,13 +89,6 @@ def record_key(group_id: str, sample: int) -> int:
     """A 63-bit key for sample `sample` of group `group_id` (stable across processes and machines)."""
     digest = hashlib.blake2b(f"{group_id}\x00{sample}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def lease_seed() -> int:
-    """A fresh 63-bit sampling seed (the coordinator issues one per lease)."""
-    import secrets
-
-    return secrets.randbits(63)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
