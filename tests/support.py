@@ -145,3 +145,44 @@ class Fleet:
     async def installed(self, version: int, peers=None) -> None:
         while not all(version in p.installed for p in peers or self.peers):
             await asyncio.sleep(0.02)
+
+
+class FakeProvider:
+    """A provider (fleet/provider.py) that records start/stop calls; a started slot runs until
+    stopped, and its worker proves it with the secret drawn at its start (`secrets`)."""
+
+    def __init__(self, offers) -> None:
+        from echo2.fleet.selection import WorkerOffer
+
+        self.all = {name: WorkerOffer(name=name, throughput=mu, price=price) for name, mu, price in offers}
+        self.live: set[str] = set()
+        self.failed: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self.secrets: dict[str, str] = {}
+
+    def offers(self):
+        return [o for n, o in self.all.items() if n not in self.live and n not in self.failed]
+
+    def running(self):
+        return [self.all[n] for n in sorted(self.live)]
+
+    def owns(self, name):
+        return name in self.all
+
+    def proves(self, name, proof):
+        from echo2.wire import identity
+
+        return identity.proves(proof, self.secrets.get(name))
+
+    def start_slot(self, name):
+        from echo2.wire import identity
+
+        self.calls.append(("start", name))
+        self.live.add(name)
+        self.secrets[name] = identity.new_secret()
+
+    def stop_slot(self, name, *, failed=False):
+        self.calls.append(("stop-failed" if failed else "stop", name))
+        self.live.discard(name)
+        if failed:
+            self.failed.add(name)

@@ -4,7 +4,7 @@ with a provider that starts and stops workers."""
 from __future__ import annotations
 
 import pytest
-from support import FakeClock, make_state
+from support import FakeClock, FakeProvider, make_state
 
 from echo2.wire.errors import Released
 
@@ -44,37 +44,6 @@ def test_scheduler_in_the_coordinator_state():
     assert len(state.fleet.decisions) == 3
 
 
-class FakeProvider:
-    """Records start/stop calls; a started slot runs until stopped."""
-
-    def __init__(self, offers) -> None:
-        from echo2.fleet.selection import WorkerOffer
-
-        self.all = {name: WorkerOffer(name=name, throughput=mu, price=price) for name, mu, price in offers}
-        self.live: set[str] = set()
-        self.failed: set[str] = set()
-        self.calls: list[tuple[str, str]] = []
-
-    def offers(self):
-        return [o for n, o in self.all.items() if n not in self.live and n not in self.failed]
-
-    def running(self):
-        return [self.all[n] for n in sorted(self.live)]
-
-    def owns(self, name):
-        return name in self.all
-
-    def start_slot(self, name):
-        self.calls.append(("start", name))
-        self.live.add(name)
-
-    def stop_slot(self, name, *, failed=False):
-        self.calls.append(("stop-failed" if failed else "stop", name))
-        self.live.discard(name)
-        if failed:
-            self.failed.add(name)
-
-
 def test_scheduler_with_a_provider_starts_and_stops_workers():
     """With a provider, standby workers are offers, not processes: activation starts one (counted
     while it starts, so no double start), release stops it (released, not lost, not replaced), and a
@@ -97,7 +66,9 @@ def test_scheduler_with_a_provider_starts_and_stops_workers():
     state.expire()
     assert len(provider.calls) == 2, "started-but-unregistered workers count toward capacity"
     ids = {
-        n: state.register(name=n, hardware="x", price_per_hour=p, inbound=False, throughput=1.0).worker_id
+        n: state.register(
+            name=n, hardware="x", price_per_hour=p, inbound=False, throughput=1.0, slot_proof=provider.secrets[n]
+        ).worker_id
         for n, p in [("a", 0.3), ("c", 0.4)]
     }
     assert state.intake.lease(ids["a"], version=0, max_groups=1) is not None, "a started worker is active"

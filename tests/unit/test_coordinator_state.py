@@ -227,6 +227,10 @@ class LockCheckingProvider:
         self._unlocked("owns")
         return name in self.all
 
+    def proves(self, name, proof):
+        self._unlocked("proves")
+        return True  # this test is about the lock: every registration proves its slot
+
     def start_slot(self, name):
         self._unlocked(f"start {name}")
         self.live.add(name)
@@ -253,7 +257,7 @@ def test_provider_is_never_called_under_the_lock():
         n: state.register(name=n, hardware="x", price_per_hour=p, inbound=False).worker_id
         for n, p in [("a", 0.3), ("c", 0.4)]
     }
-    assert "owns" in provider.calls
+    assert "owns" in provider.calls and "proves" in provider.calls
     target["mu"] = 0.5  # far above: "c" (dearer) is released through the provider
     clock.now += 1.0
     for wid in ids_.values():

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     # the worker
     "rollout": {"aio", "broadcast", "config", "data", "gpu_env", "models", "preflight", "records", "wire"},
     # who runs (the local provider starts rollout workers by their flags)
-    "fleet": {"config", "rollout"},
+    "fleet": {"config", "rollout", "wire"},
     # the learner's HTTP service: never torch, rollout or learning
     "coordinator": {"broadcast", "config", "data", "fleet", "records", "wire"},
     "planning": {"config", "fleet", "rollout"},

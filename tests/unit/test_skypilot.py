@@ -40,6 +40,7 @@ class FakeSky:
     up: set[str] = field(default_factory=set)
     log: Path | None = None
     tokens: list[str] = field(default_factory=list)
+    slot_secrets: list[str] = field(default_factory=list)
     _requests: dict[str, list] = field(default_factory=dict)
 
     def _record(self, *event) -> None:
@@ -53,8 +54,9 @@ class FakeSky:
         self._requests[rid] = [self.delay, outcome, effect]
         return rid
 
-    def launch(self, task, *, token: str, cluster_name: str, idle_minutes: int) -> str:
-        self.tokens.append(token)  # the secret: kept apart from the events, which are logged
+    def launch(self, task, *, token: str, slot_secret: str, cluster_name: str, idle_minutes: int) -> str:
+        self.tokens.append(token)  # the secrets: kept apart from the events, which are logged
+        self.slot_secrets.append(slot_secret)
         self._record("launch", cluster_name, idle_minutes)
         if cluster_name in self.fail:
             return self._request(Outcome(ok=False, error=self.fail[cluster_name]))
@@ -188,8 +190,14 @@ def test_a_failed_launch_marks_the_type_unavailable_for_a_while_and_tears_down_w
 
 def test_a_launch_the_api_server_refuses_is_a_failed_launch():
     class Refusing(FakeSky):
-        def launch(self, task, *, token, cluster_name, idle_minutes):
-            super().launch(task, token=token, cluster_name=cluster_name, idle_minutes=idle_minutes)
+        def launch(self, task, *, token, slot_secret, cluster_name, idle_minutes):
+            super().launch(
+                task,
+                token=token,
+                slot_secret=slot_secret,
+                cluster_name=cluster_name,
+                idle_minutes=idle_minutes,
+            )
             raise ConnectionError("API server down")
 
     sky, clock = Refusing(), Clock()

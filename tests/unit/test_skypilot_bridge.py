@@ -28,7 +28,7 @@ from echo2.fleet.providers.skypilot.client import (
     check_python,
 )
 from echo2.fleet.providers.skypilot.provider import SkyPilotFleet, make_fleet
-from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
+from echo2.fleet.providers.skypilot.task import SLOT_SECRET_ENV, TOKEN_ENV, task_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_skypilot import sky_config  # noqa: E402
@@ -77,7 +77,7 @@ def test_the_bridge_imports_only_the_standard_library_and_sky():
 def test_the_task_is_a_pure_yaml_style_dict_without_the_token():
     task = _task()
     assert json.loads(json.dumps(task)) == task
-    assert task["secrets"] == {TOKEN_ENV: None}
+    assert task["secrets"] == {TOKEN_ENV: None, SLOT_SECRET_ENV: None}
     assert task["resources"]["autostop"] == {"idle_minutes": 10, "down": True}
     assert task["resources"]["infra"] == "vast" and task["resources"]["use_spot"] is True
     assert task["run"].startswith("echo2 worker --coordinator https://learner.example:8765 --name ")
@@ -93,7 +93,7 @@ def test_launch_sends_the_task_and_the_secret_and_polls_without_waiting(tmp_path
     client = BridgeClient(sys.executable, env=fake_env(tmp_path, delay=2), timeout=60)
     try:
         assert client.hello()["sky"] == "0.0-FAKE"
-        rid = client.launch(_task(), token=TOKEN, cluster_name="echo2-a-0", idle_minutes=7)
+        rid = client.launch(_task(), token=TOKEN, slot_secret="s3", cluster_name="echo2-a-0", idle_minutes=7)
         assert client.poll(rid) is None and client.poll(rid) is None  # running: no `get`
         assert client.poll(rid) == Outcome(ok=True)
         sid = client.status(["echo2-a-0", "echo2-b-0"])
@@ -105,10 +105,13 @@ def test_launch_sends_the_task_and_the_secret_and_polls_without_waiting(tmp_path
         client.close()
     events = journal(tmp_path)
     built = next(e for e in events if e[0] == "from_yaml_config")
-    assert built[1]["secrets"] == {TOKEN_ENV: None} and built[2] == [TOKEN_ENV]  # filled by the bridge
+    both = sorted([TOKEN_ENV, SLOT_SECRET_ENV])
+    assert built[1]["secrets"] == dict.fromkeys(both) and sorted(built[2]) == both  # filled by the bridge
     assert ["validate", "vast-4090-spot-0", True, True] in events
     launch = next(e for e in events if e[0] == "launch")
-    assert launch[1:5] == ["echo2-a-0", 7, True, [TOKEN_ENV]]  # autodown after 7 idle minutes
+    assert (
+        launch[1:4] == ["echo2-a-0", 7, True] and sorted(launch[4]) == both
+    )  # autodown after 7 idle minutes
     assert launch[5] == []  # the bridge imported no echo2, torch nor transformers
     assert ["status", ["echo2-a-0", "echo2-b-0"], "AUTO"] in events
     gets = [e[1] for e in events if e[0] == "get"]
@@ -117,7 +120,7 @@ def test_launch_sends_the_task_and_the_secret_and_polls_without_waiting(tmp_path
 
 def test_failures_are_outcomes_and_a_forgotten_request_is_a_failure(client, tmp_path):
     client.env["FAKE_SKY_FAIL"] = "echo2-a-0"
-    rid = client.launch(_task(), token=TOKEN, cluster_name="echo2-a-0", idle_minutes=7)
+    rid = client.launch(_task(), token=TOKEN, slot_secret="s3", cluster_name="echo2-a-0", idle_minutes=7)
     outcome = client.poll(rid)
     assert not outcome.ok and outcome.error.startswith("ResourcesUnavailableError: no capacity")
     assert TOKEN not in outcome.error  # the fake put it in its message; the bridge redacts it
@@ -147,7 +150,11 @@ def test_the_token_reaches_no_command_line_environment_stdout_or_stderr(tmp_path
     with caplog.at_level("INFO"):  # through the client, the bridge's stderr is logged
         client = BridgeClient(sys.executable, env=env, timeout=60)
         try:
-            client.poll(client.launch(_task(), token=TOKEN, cluster_name="echo2-a-0", idle_minutes=5))
+            client.poll(
+                client.launch(
+                    _task(), token=TOKEN, slot_secret="s3", cluster_name="echo2-a-0", idle_minutes=5
+                )
+            )
         finally:
             client.close()
     assert "FAKE sky: launching" in caplog.text and TOKEN not in caplog.text

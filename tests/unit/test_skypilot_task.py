@@ -20,7 +20,7 @@ import pytest
 from echo2.config import build_config
 from echo2.fleet.providers.skypilot.client import BridgeClient, bridge_env, check_python
 from echo2.fleet.providers.skypilot.provider import SkyPilotFleet, make_fleet
-from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
+from echo2.fleet.providers.skypilot.task import SLOT_SECRET_ENV, TOKEN_ENV, task_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "tests" / "fixtures" / "skypilot_catalog"
@@ -64,7 +64,7 @@ def test_every_worker_type_of_the_docs_config_builds_a_valid_skypilot_task(sky):
         assert task["name"] == slot
         assert task["setup"] == sp.install
         assert task["run"].startswith(f"echo2 worker --coordinator {sp.coordinator_url} --name {slot} ")
-        assert task["secrets"] == [TOKEN_ENV] and TOKEN_ENV not in task["envs"]
+        assert task["secrets"] == sorted([SLOT_SECRET_ENV, TOKEN_ENV]) and TOKEN_ENV not in task["envs"]
         assert len(task["resources"]) == len(worker.infra)
         for r in task["resources"]:
             assert r["accelerators"] == {worker.accelerator: worker.accelerator_count}
@@ -80,9 +80,9 @@ def test_the_token_is_a_secret_never_in_the_task_nor_in_what_skypilot_prints(sky
     config = task_config(sp.workers[0], sp, slot="w-0")
     assert TOKEN not in str(config)
     task = sky.validate(config, token=TOKEN)
-    assert task["secrets"] == [TOKEN_ENV]
+    assert task["secrets"] == sorted([SLOT_SECRET_ENV, TOKEN_ENV])
     assert TOKEN not in str(task)  # the run line, the setup, SkyPilot's YAML form of the task
-    assert task["yaml"]["secrets"] == {TOKEN_ENV: None}
+    assert task["yaml"]["secrets"] == {TOKEN_ENV: None, SLOT_SECRET_ENV: None}
 
 
 def test_several_infra_entries_let_skypilot_choose_and_none_means_any_cloud(sky):

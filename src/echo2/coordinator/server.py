@@ -202,6 +202,7 @@ class Coordinator:
             inbound=req.inbound,
             throughput=req.throughput,
             relay_url=relay_url,
+            slot_proof=req.slot_proof,
         )
         return web.json_response(
             RegisterResponse(

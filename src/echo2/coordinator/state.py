@@ -36,7 +36,7 @@ from echo2.coordinator.shared import Shared
 from echo2.fleet.provider import Provider
 from echo2.fleet.scheduler import Action, Scheduler
 from echo2.wire import identity
-from echo2.wire.errors import Quarantined, Unauthorized, UnknownWorker
+from echo2.wire.errors import Quarantined, SlotUnproven, Unauthorized, UnknownWorker
 from echo2.wire.validate import Referee
 
 logger = logging.getLogger(__name__)
@@ -102,8 +102,17 @@ class CoordinatorState:
         inbound: bool,
         throughput: float = 0.0,
         relay_url: str | None = None,
+        slot_proof: str | None = None,
     ) -> WorkerInfo:
+        """Add a worker. One registering under the name of a provider's slot must prove it is that
+        slot's worker (`slot_proof`, the secret the provider put in its environment): without the
+        proof it is refused (`SlotUnproven`) and nothing changes, so a worker holding only the run
+        token cannot take a launched slot's name, go silent and have the real one torn down."""
         provided = self.provider is not None and self.provider.owns(name)  # outside the lock
+        if provided and not self.provider.proves(name, slot_proof):
+            raise SlotUnproven(
+                f"{name!r} is a slot the provider started; its worker's secret is missing or wrong"
+            )
         with self.shared.lock:
             return self.registry.add(
                 self.ids(),

@@ -28,6 +28,11 @@ class Provider(Protocol):
         """`name` is one of this provider's slots (a worker registering under it is provided)."""
         ...
 
+    def proves(self, name: str, proof: str | None) -> bool:
+        """`proof` is the secret the provider put in slot `name`'s environment when it last started
+        it (identity.SLOT_SECRET_ENV): only the slot's own worker can register under its name."""
+        ...
+
     def start_slot(self, name: str) -> None:
         """Start an offered slot (or queue its start); it is `running()` from now on."""
         ...

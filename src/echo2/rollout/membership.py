@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 from echo2.aio import sleep_unless
@@ -138,6 +139,8 @@ class Membership:
             inbound=c.inbound,
             relay_port=self.relay.port,
             relay_host=c.relay_advertise if self.relay.port is not None else None,
+            slot_proof=os.environ.get(identity.SLOT_SECRET_ENV)
+            or None,  # set by the provider that started us
         )
         reply = await self.coordinator.register(req)
         self._check_key(reply.public_key)

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from echo2.rollout.worker import Worker
-    from echo2.wire.errors import Quarantined, Refused, Released, Unauthorized
+    from echo2.wire.errors import Quarantined, Refused, Released, SlotUnproven, Unauthorized
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except Quarantined as e:
         print(f"echo2 worker: stopped: quarantined by the coordinator ({e.detail})", file=sys.stderr)
+        return 1
+    except SlotUnproven as e:  # --name is a provider's slot, and this process was not started in it
+        print(f"echo2 worker: stopped: --name: {e.detail}", file=sys.stderr)
         return 1
     except Released as e:  # registering after the run finished
         log.info("stopping: %s", e.detail or e.reason)

@@ -50,6 +50,7 @@ class Reason(StrEnum):
     LEASE_LIMIT = "lease_limit"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    SLOT_UNPROVEN = "slot_unproven"
 
 
 INVALID = frozenset(
@@ -139,6 +140,14 @@ class Forbidden(Refused):
     one worker's credential for a call made as another."""
 
     reason = Reason.FORBIDDEN
+    status = 403
+
+
+class SlotUnproven(Refused):
+    """A registration under the name of a slot the provider started, without that slot's secret
+    (identity.SLOT_SECRET_ENV): refused, and nothing in the fleet changes."""
+
+    reason = Reason.SLOT_UNPROVEN
     status = 403
 
 
@@ -238,6 +247,7 @@ _ONE_CLASS: tuple[type[Refused], ...] = (
     RunFinished,
     Unauthorized,
     Forbidden,
+    SlotUnproven,
     NoSnapshot,
     LeaseExpired,
     Stale,

@@ -17,6 +17,10 @@ import secrets
 
 from echo2.wire.errors import Forbidden
 
+SLOT_SECRET_ENV = "ECHO2_SLOT_SECRET"
+"""Where a provider puts the secret of the slot it starts, in the worker's environment: the worker
+sends it when it registers (`RegisterRequest.slot_proof`), proving it is the slot's own worker."""
+
 
 def new_secret() -> str:
     """A fresh worker secret (256 bits, URL-safe)."""
@@ -40,6 +44,11 @@ def split(credential: str) -> tuple[str, str]:
 
 def matches(secret: str, expected_digest: bytes) -> bool:
     return bool(expected_digest) and hmac.compare_digest(digest(secret), expected_digest)
+
+
+def proves(proof: str | None, secret: str | None) -> bool:
+    """Whether a registration's `proof` is the slot's `secret` (constant time; no secret: never)."""
+    return bool(secret) and proof is not None and hmac.compare_digest(proof.encode(), secret.encode())
 
 
 def fingerprint(public_key_hex: str) -> str:

@@ -57,6 +57,9 @@ class RegisterRequest(_Wire):
     """Host peers reach the relay at; default: the address the registration came from."""
     throughput: float = Field(0.0, ge=0, le=1e9, allow_inf_nan=False)
     """Expected trajectories/s, used by the scheduler until heartbeats report a measured rate."""
+    slot_proof: str | None = Field(None, min_length=1, max_length=256)
+    """The secret of the provider slot the worker was started in ($ECHO2_SLOT_SECRET): a
+    registration under a slot's name without it is refused (`slot_unproven`)."""
 
 
 class RunSeed(_Wire):
@@ -88,12 +91,14 @@ class RunView(_Wire):
     @classmethod
     def of(cls, config: Config) -> RunView:
         """What workers are told of `config`: its model, task, rollout, coordinator and broadcast
-        sections, the seed, and the learner's snapshot dtype and LoRA."""
+        sections, the seed, and the learner's snapshot dtype and LoRA. Not the run token
+        (`coordinator.token`): the worker registered with it already, and echoing it tells nothing
+        a token holder needs (issue 41 item 6)."""
         return cls(
             model=config.model,
             task=config.task,
             rollout=config.rollout,
-            coordinator=config.coordinator,
+            coordinator=config.coordinator.model_copy(update={"token": None}),
             broadcast=config.broadcast,
             run=RunSeed(seed=config.run.seed),
             learner=LearnerView(dtype=config.learner.dtype, lora=config.learner.lora),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from echo2.fleet.selection import WorkerOffer
 from echo2.rollout.worker_config import WorkerConfig, to_argv
+from echo2.wire import identity
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ class _Slot:
     stopping: bool = False
     failed: bool = False
     """Its process exited without being asked to: never offered again."""
+    secret: str | None = None
+    """Put in the worker's environment at its start (identity.SLOT_SECRET_ENV): its proof."""
 
 
 class LocalFleet:
@@ -97,7 +100,9 @@ class LocalFleet:
             learner_key=self.learner_key,
             ca_file=self.ca_file,  # a self-signed certificate is its own CA
         )
+        slot.secret = identity.new_secret()  # a fresh one per start
         env = {**os.environ, "ECHO2_TOKEN": self.token, "OMP_NUM_THREADS": str(self.worker_threads)}
+        env[identity.SLOT_SECRET_ENV] = slot.secret
         cmd = [sys.executable, "-m", "echo2.cli", "worker", *to_argv(config)]
         cmd += ["--threads", str(self.worker_threads), "-q"]
         slot.proc = subprocess.Popen(cmd, env=env)
@@ -142,6 +147,10 @@ class LocalFleet:
 
     def owns(self, name: str) -> bool:
         return name in self.slots
+
+    def proves(self, name: str, proof: str | None) -> bool:
+        slot = self.slots.get(name)
+        return slot is not None and identity.proves(proof, slot.secret)
 
     def pid(self, name: str) -> int | None:
         proc = self.slots[name].proc

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from echo2.config import ConfigError
-from echo2.fleet.providers.skypilot.task import TOKEN_ENV
+from echo2.fleet.providers.skypilot.task import SLOT_SECRET_ENV, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,12 @@ class SkyClient(Protocol):
     """What the provider needs from SkyPilot: requests that return an id at once, and a poll.
     Implemented by `BridgeClient` (SkyPilot's SDK, in its own interpreter) and by the tests' fake."""
 
-    def launch(self, task: dict, *, token: str, cluster_name: str, idle_minutes: int) -> str:
-        """Submit a launch of the YAML-style `task` (task.task_config) with `token` as
-        its secret ECHO2_TOKEN, autodown after `idle_minutes` idle; the request id."""
+    def launch(
+        self, task: dict, *, token: str, slot_secret: str, cluster_name: str, idle_minutes: int
+    ) -> str:
+        """Submit a launch of the YAML-style `task` (task.task_config) with `token` as its secret
+        ECHO2_TOKEN and `slot_secret` as ECHO2_SLOT_SECRET, autodown after `idle_minutes` idle; the
+        request id."""
         ...
 
     def down(self, cluster_name: str) -> str:
@@ -235,16 +238,19 @@ class BridgeClient:
         return self.version
 
     def validate(self, task: dict, *, token: str) -> dict:
-        """SkyPilot's validated task (a summary; its YAML form redacted), launching nothing."""
+        """SkyPilot's validated task (a summary; its YAML form redacted), launching nothing (the slot
+        secret is a placeholder: no slot starts)."""
         self.secrets.add(token)
-        return self.call("validate", task=task, secrets={TOKEN_ENV: token})
+        return self.call("validate", task=task, secrets={TOKEN_ENV: token, SLOT_SECRET_ENV: "validate"})
 
-    def launch(self, task: dict, *, token: str, cluster_name: str, idle_minutes: int) -> str:
-        self.secrets.add(token)
+    def launch(
+        self, task: dict, *, token: str, slot_secret: str, cluster_name: str, idle_minutes: int
+    ) -> str:
+        self.secrets.update((token, slot_secret))
         return self.call(
             "launch",
             task=task,
-            secrets={TOKEN_ENV: token},
+            secrets={TOKEN_ENV: token, SLOT_SECRET_ENV: slot_secret},
             cluster_name=cluster_name,
             idle_minutes=idle_minutes,
         )

@@ -13,7 +13,8 @@ cluster, or a worker the coordinator lost marks its type unavailable for `unavai
 slots leave `offers()` and `running()`, and the scheduler activates the next cheapest type.
 
 The worker's bearer token travels as a SkyPilot task *secret* (`ECHO2_TOKEN`, redacted from
-SkyPilot's logs and YAML), never on a command line. `stop()` (the learner's exit, normal, SIGTERM
+SkyPilot's logs and YAML), never on a command line; so does a fresh secret per launch
+(`ECHO2_SLOT_SECRET`), which the worker proves its slot with when it registers (`proves`). `stop()` (the learner's exit, normal, SIGTERM
 or exception: api.py calls it in `finally`) tears down every cluster this provider launched.
 
 The task is a pure YAML-style dict (task.py). SkyPilot is reached only through
@@ -36,6 +37,7 @@ from echo2.config import SkyPilotConfig, SkyPilotWorkerConfig
 from echo2.fleet.providers.skypilot.client import BridgeClient, Outcome, SkyClient, check_python
 from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
 from echo2.fleet.selection import WorkerOffer
+from echo2.wire import identity
 
 __all__ = ["TOKEN_ENV", "CostMeter", "Outcome", "SkyClient", "SkyPilotFleet", "make_fleet", "task_config"]
 
@@ -83,6 +85,8 @@ class _Slot:
     stop_wanted: bool = False
     launched: bool = False
     """A launch was submitted and no teardown has finished since: `stop()` must tear it down."""
+    secret: str | None = None
+    """The secret of its last launch (ECHO2_SLOT_SECRET): its worker's proof at registration."""
 
 
 class SkyPilotFleet:
@@ -240,6 +244,11 @@ class SkyPilotFleet:
     def owns(self, name: str) -> bool:
         return name in self.slots
 
+    def proves(self, name: str, proof: str | None) -> bool:
+        with self._lock:
+            slot = self.slots.get(name)
+            return slot is not None and identity.proves(proof, slot.secret)
+
     def start_slot(self, name: str) -> None:
         """Queue a launch (submitted by the background thread: this call never waits on SkyPilot)."""
         with self._lock:
@@ -280,6 +289,7 @@ class SkyPilotFleet:
                 claimed = slot.phase is Phase.QUEUED
                 if claimed:
                     slot.phase, slot.request, slot.launched = Phase.LAUNCHING, None, True
+                    slot.secret = identity.new_secret()  # a fresh one per launch
             if claimed:
                 task = self.build(
                     slot.worker, self.config, slot=slot.offer.name, learner_key=self.learner_key
@@ -288,6 +298,7 @@ class SkyPilotFleet:
                     rid = client.launch(
                         task,
                         token=self.token,
+                        slot_secret=slot.secret,
                         cluster_name=slot.cluster,
                         idle_minutes=self.config.autostop_minutes,
                     )

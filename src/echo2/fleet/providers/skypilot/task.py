@@ -2,8 +2,9 @@
 
 Pure: echo2 never imports sky in the learner's process. The bridge (bridge.py, run by
 SkyPilot's own interpreter) turns this dict into a `sky.Task` with `sky.Task.from_yaml_config`,
-validates it and launches it. The worker's bearer token is not in the dict: the task declares the
-secret `ECHO2_TOKEN` without a value and the bridge fills it in from the launch request
+validates it and launches it. The worker's bearer token and its slot's secret are not in the dict:
+the task declares the secrets `ECHO2_TOKEN` and `ECHO2_SLOT_SECRET` without a value and the bridge
+fills them in from the launch request
 (`secrets_overrides`, as `sky launch --secret` does), so it is on no command line, in no YAML
 SkyPilot prints and in nothing this module returns.
 """
@@ -13,9 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from echo2.config import SkyPilotConfig, SkyPilotWorkerConfig
+from echo2.wire import identity
 
 TOKEN_ENV = "ECHO2_TOKEN"
 """The secret the worker reads its bearer token from (`echo2 worker --token` defaults to it)."""
+SLOT_SECRET_ENV = identity.SLOT_SECRET_ENV
+"""The secret the worker proves its slot with when it registers (a fresh one per launch)."""
 
 
 def worker_command(worker: SkyPilotWorkerConfig, *, slot: str, url: str, learner_key: str | None) -> str:
@@ -58,11 +62,12 @@ def task_config(
     learner_key: str | None = None,
 ) -> dict[str, Any]:
     """The YAML-style task of one worker of `worker`'s type (slot NAME-i); JSON-serialisable.
-    The secret `ECHO2_TOKEN` is declared with no value: the bridge sets it at launch."""
+    The secrets `ECHO2_TOKEN` and `ECHO2_SLOT_SECRET` are declared with no value: the bridge sets
+    them at launch."""
     return {
         "name": slot,
         "resources": resources_config(worker, config),
         "setup": config.install,
         "run": worker_command(worker, slot=slot, url=config.coordinator_url, learner_key=learner_key),
-        "secrets": {TOKEN_ENV: None},
+        "secrets": {TOKEN_ENV: None, SLOT_SECRET_ENV: None},
     }
