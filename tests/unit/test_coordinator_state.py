@@ -103,7 +103,7 @@ def test_leases_reissue_first_and_expire():
     assert ls.leases == {} and list(ls.reissue) == [1, 2]
     ls.issue("L2", "u", max_groups=1, now=40.0)
     ls.expire(41.0, lost=lambda w: w == "u")
-    assert ls.leases == {} and ls.pending() == [2, 1]
+    assert ls.leases == {} and ls.pending() == [1, 2], "put back behind 2, 1 is still handed out first"
 
 
 def test_ingest_is_all_or_nothing_and_stale_batches_reissue():

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import FakeClock, make_state
 
-from echo2.coordinator.leases import LEASE_SAFETY, SPELLS, Delivery, lease_deadline, lease_groups
+from echo2.coordinator.lease_sizing import LEASE_SAFETY, SPELLS, Delivery, lease_deadline, lease_groups
 from echo2.records import Trajectory
 
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from echo2.config import CoordinatorConfig
 from echo2.coordinator.integrity import RETURNED_UNPUSHED, Integrity
-from echo2.coordinator.leases import Lease, Leases, Work, lease_deadline, lease_groups
+from echo2.coordinator.lease_sizing import lease_deadline, lease_groups
+from echo2.coordinator.leases import Lease, Leases, Work
 from echo2.coordinator.registry import Registry, WorkerInfo, WorkerStatus
 from echo2.coordinator.shared import Shared
 from echo2.records import Trajectory
