@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.blob import make_blob
 from echo2.broadcast.chunks import public_key_hex
-from echo2.broadcast.stream import HEADER, parse_range
+from echo2.broadcast.stream import GONE, HEADER, KEEPALIVE, parse_range
 
 
 class HostileRelay:
@@ -35,8 +35,11 @@ class HostileRelay:
         blob=None,
         piece: int = 64 * 1024,
         every: float = 0.9,
+        stall_then_gone: float | None = None,
     ) -> None:
         self.redirect_to = redirect_to
+        self.stall_then_gone = stall_then_gone
+        """Seconds of keep-alive frames (every 0.2 s) before a "gone" frame, no chunk ever sent."""
         self.blob = blob
         """The real snapshot whose bytes a drip sends (valid, so only its rate is hostile)."""
         self.piece, self.every = piece, every
@@ -69,6 +72,18 @@ class HostileRelay:
         self.requests.append(dict(request.headers))
         if self.redirect_to is not None:
             raise web.HTTPFound(self.redirect_to + request.path_qs)
+        if self.stall_then_gone is not None:
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            await resp.prepare(request)
+            try:
+                until = asyncio.get_running_loop().time() + self.stall_then_gone
+                while asyncio.get_running_loop().time() < until:
+                    await resp.write(HEADER.pack(KEEPALIVE, 0))
+                    await asyncio.sleep(0.2)
+                await resp.write(HEADER.pack(GONE, 0))
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            return resp
         if self.blob is None:
             return web.json_response({"error": "not_held", "detail": "nothing here"}, status=404)
         start, _ = parse_range(request.query, self.blob.manifest.num_chunks)

@@ -52,7 +52,9 @@ async def honest_peer_behind(hostile: HostileRelay, *, arm=None, wait_s: float =
     try:
         mallory = await register_relay(server.url, TOKEN, hostile.port)
         for t in range(10):  # a fine history: the planner makes it the chain's head
-            state.publisher.bcast._stats(mallory["worker_id"]).record_transfer(10**8, 1.0, now=state.shared.clock() + t)
+            state.publisher.bcast._stats(mallory["worker_id"]).record_transfer(
+                10**8, 1.0, now=state.shared.clock() + t
+            )
         peer = BroadcastPeer(PeerConfig(url=server.url, token=TOKEN, name="honest"))
         tasks += [
             asyncio.create_task(keep_alive(server.url, mallory, stop)),
@@ -130,7 +132,28 @@ def test_a_dripping_relay_is_reported_and_excised():
         assert (0, mallory, "stalled") in peer.client.failures
         assert peer.installed.get(0) == hashlib.sha256(data).hexdigest()
         assert took < 8.0 and relay.bytes_sent < len(data) / 2
-        assert mallory in state.publisher.bcast.leaf_only[0] and state.publisher.bcast.stats[mallory].failures >= 1
+        assert (
+            mallory in state.publisher.bcast.leaf_only[0]
+            and state.publisher.bcast.stats[mallory].failures >= 1
+        )
+
+    bounded(scenario())
+
+
+def test_keep_alives_then_gone_cost_the_relay_its_score():
+    """Issue 41 item 7. What was seen: a relay that sent keep-alives for 2.5 progress timeouts and
+    then a "gone" frame held its child on every version and kept its score, "gone" being no fault.
+    Now keep-alives for more than a progress timeout followed by "gone" are a stall: reported
+    `stalled`, a failure on the relay's record, excised for the version; the peer gets it elsewhere."""
+
+    async def scenario():
+        relay = HostileRelay(stall_then_gone=2.5 * PROGRESS_TIMEOUT)
+        state, mallory, peer, data = await honest_peer_behind(relay, wait_s=15.0)
+        assert relay.requests, "the peer asked the relay"
+        assert (0, mallory, "stalled") in peer.client.failures, peer.client.failures
+        assert state.publisher.bcast.stats[mallory].failures >= 1
+        assert mallory in state.publisher.bcast.leaf_only[0]
+        assert peer.installed.get(0) == hashlib.sha256(data).hexdigest()
 
     bounded(scenario())
 

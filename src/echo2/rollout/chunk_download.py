@@ -4,7 +4,9 @@ around it (routes, failure reports, deltas, following versions) is BroadcastClie
 (broadcast_client.py); this is the transport.
 
 Every wait is bounded: `sock_read` covers the headers and each read, and a parent that sends only
-keep-alives for `STARVED_FACTOR` progress timeouts is stalled. With a `RelayMeter`, each piece's
+keep-alives for `STARVED_FACTOR` progress timeouts is stalled, and so is a relay that sends only
+keep-alives for more than one progress timeout and then says it no longer holds the version (a
+"gone" that costs it nothing would let it hold every child for free). With a `RelayMeter`, each piece's
 wait is measured against the relay's floors (the time this worker's own download cap takes is not
 counted). Redirects are never followed.
 """
@@ -61,7 +63,9 @@ class ChunkDownload:
         coordinator's `relay_floor_bps`. Raises ParentFailed on anything but a complete, valid
         stream."""
         relay = child is not None
-        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=10, sock_connect=10, sock_read=self.progress_timeout
+        )
         meter = (
             RelayMeter(
                 stall_bps=self.min_rate_bps,
@@ -96,6 +100,11 @@ class ChunkDownload:
                             raise ParentFailed("stalled", "only keep-alives, no chunk")
                         continue
                     if index == GONE:
+                        held = time.monotonic() - last_chunk
+                        if relay and held > self.progress_timeout:
+                            # keep-alives for a progress timeout, then "gone": it held the child with
+                            # nothing, which costs score like slow bytes (issue 41 item 7)
+                            raise ParentFailed("stalled", f"keep-alives for {held:.1f}s, no chunk, then gone")
                         raise ParentFailed("gone", "the parent no longer holds this version")
                     if not 0 <= index < manifest.num_chunks or length != _chunk_len(manifest, index):
                         raise ParentFailed("bad_chunk", f"frame for chunk {index} of {length} bytes")
