@@ -22,7 +22,7 @@ import pytest
 from echo2.config import SchedulerConfig, SkyPilotConfig
 from echo2.coordinator.activation import Fleet, Slots
 from echo2.coordinator.registry import Registry
-from echo2.fleet.providers.skypilot.provider import CostMeter, Outcome, SkyPilotFleet
+from echo2.fleet.providers.skypilot.provider import Outcome, SkyPilotFleet
 from echo2.fleet.scheduler import Action, Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,15 +366,6 @@ def test_sigterm_to_the_learner_tears_down_every_launched_cluster(tmp_path):
 
 
 # ---------------------------------------------------------------------------- cost
-def test_cost_meter_integrates_the_price_of_what_runs():
-    m = CostMeter()
-    m.observe(0.0, 2.0)
-    m.observe(1800.0, 0.5)  # $2/h for half an hour
-    m.observe(3600.0, 0.0)  # $0.5/h for half an hour
-    m.observe(7200.0, 0.0)
-    assert m.usd == pytest.approx(1.25)
-
-
 def test_the_provider_bills_from_launch_to_the_end_of_teardown():
     sky, clock = FakeSky(delay=0), Clock()
     fleet = started(sky_config(), sky, clock)

@@ -50,14 +50,12 @@ MAX_HEADER = 100_000_000  # largest delta header accepted, as safetensors limits
 LEVEL = 1
 """zstd level. Measured on SmolLM2-135M deltas (docs/benchmarks.md, "Delta snapshots"): level 1
 compresses them as small as level 3, or smaller, 1.1-1.5 times faster."""
-SPARSE_MAX = 0.5
-"""Largest fraction of a tensor's elements changed for which the sparse form is tried."""
+SPARSE_MAX = 0.5  # largest fraction of a tensor's elements changed for which sparse is tried
 WIDTHS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 """Bytes per element of the safetensors dtypes a snapshot can hold (rollout/safetensors_view.py)."""
 
 Method = Literal["same", "xor", "sparse", "raw"]
-Buffer = bytes | bytearray | memoryview | SnapshotBytes
-"""A snapshot's bytes: whole, or as the verified chunks a worker holds."""
+Buffer = bytes | bytearray | memoryview | SnapshotBytes  # whole, or the verified chunks a worker holds
 
 
 class BaseMismatch(VerificationError):

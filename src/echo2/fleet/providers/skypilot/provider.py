@@ -35,6 +35,7 @@ from typing import Any
 
 from echo2.config import SkyPilotConfig, SkyPilotWorkerConfig
 from echo2.fleet.providers.skypilot.client import BridgeClient, Outcome, SkyClient, check_python
+from echo2.fleet.providers.skypilot.cost import CostMeter
 from echo2.fleet.providers.skypilot.task import TOKEN_ENV, task_config
 from echo2.fleet.selection import WorkerOffer
 from echo2.wire import identity
@@ -42,26 +43,6 @@ from echo2.wire import identity
 __all__ = ["TOKEN_ENV", "CostMeter", "Outcome", "SkyClient", "SkyPilotFleet", "make_fleet", "task_config"]
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------- cost
-@dataclass(slots=True)
-class CostMeter:
-    """The bill: the price per hour of what is running, integrated over time (USD)."""
-
-    usd: float = 0.0
-    _last: float | None = None
-    _rate: float = 0.0
-
-    def observe(self, now: float, price_per_hour: float) -> None:
-        """From `now` on, `price_per_hour` is billing (the rate before it is charged until now)."""
-        if self._last is not None and now > self._last:
-            self.usd += self._rate * (now - self._last) / 3600
-        self._last, self._rate = now, price_per_hour
-
-    @property
-    def price_per_hour(self) -> float:
-        return self._rate
 
 
 # ---------------------------------------------------------------------------- the provider
