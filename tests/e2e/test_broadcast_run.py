@@ -54,7 +54,12 @@ def test_run_with_two_workers_reports_t_bcast(tmp_path, monkeypatch, mode):
     assert any("bcast/t_q90" in row for row in read_metrics(tmp_path / "run" / "metrics.jsonl"))
     assert (tmp_path / "run" / "learner_key.pem").exists(), "the key is kept with the run"
     bcast = seen["source"].state.publisher.bcast
-    assert bcast.failures == {}
+    # No fault of any peer. "gone" is the one report that is no one's fault (tracker.py charges no
+    # score for it): the parent dropped the version (superseded, past its store's keep) or skipped
+    # it (it took the version in the other form, full or delta), or the child's own store dropped it
+    # while receiving. Which of these happens depends on when each worker received what while the
+    # learner publishes every 0.1 s: a fresh-clone run of scripts/test.sh on an idle machine had one.
+    assert {reason: n for reason, n in bcast.failures.items() if reason != "gone"} == {}
     relayed = sum(stats.successes for stats in bcast.stats.values())
     if mode == "chain":  # one chain of two: the seed relays what it receives to the other worker
         assert relayed >= 1, "a worker reported chunks received from its peer"
