@@ -163,7 +163,7 @@ def load_model(
             str(gguf_model_dir(config.file, config.cache_dir)), dtype=torch.float32
         )
     else:
-        heads = max(1, config.hidden_size // 16)
+        heads = config.num_heads or max(1, config.hidden_size // 16)
         llama = LlamaConfig(
             vocab_size=vocab_size,
             hidden_size=config.hidden_size,

@@ -51,9 +51,50 @@ class VLLMConfig(_Section):
     max_new_tokens, the longest a rollout makes; a larger value only reserves more."""
 
 
+class ServerConfig(_Section):
+    """`[rollout.server]`: the inference server a worker drives with `--engine server`
+    (rollout/server_engine.py, docs/engines.md): one it starts itself (`launch = true`) or one the
+    operator runs (`url`, or `echo2 worker --server-url`)."""
+
+    backend: Literal["vllm", "sglang"] = "vllm"
+    """The server's kind: "vllm" (vllm serve 0.32, dev-mode routes) or "sglang" (its pause /
+    update_weights_from_disk / continue routes; contract-tested only, docs/engines.md)."""
+    url: str | None = None
+    """A running server: http://127.0.0.1:PORT or unix:/path/to.sock. A host that is not this
+    machine's loopback needs the API key in the environment variable `api_key_env` (the dev-mode
+    routes can call any method of the server's workers). None: launch = true starts one."""
+    launch: bool = False
+    """Start `vllm serve` (the vllm backend only) for this worker, on a Unix socket of its own,
+    with the flags echo2 needs; stopped, by its pid, when the worker exits."""
+    api_key_env: str = "ECHO2_SERVER_API_KEY"
+    """Environment variable holding the server's API key (sent as a bearer token); required for a
+    url whose host is not loopback. The key itself is never in a config file."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Ranks a launched server splits the model over (--tensor-parallel-size); installs go by file
+    path, so every rank loads its own shard."""
+    start_timeout_s: float = Field(900.0, gt=0)
+    """Seconds a launched server has to answer /health before the worker gives up."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Seconds one generation request may take."""
+    install_timeout_s: float = Field(600.0, gt=0)
+    """Seconds one snapshot install (pause, load, resume) may take."""
+    python: str | None = None
+    """The Python a launched server runs under (echo2 must import there: the server loads echo2's
+    worker extension and logits processor). None: the worker's own."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ServerConfig:
+        if self.launch and self.url is not None:
+            raise ValueError("rollout.server.launch: true with rollout.server.url set: pick one")
+        if self.launch and self.backend != "vllm":
+            raise ValueError(f"rollout.server.launch: echo2 starts vllm serve only, not {self.backend}")
+        return self
+
+
 class RolloutConfig(_Section):
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine: "hf" (transformers generate) or "vllm" (needs the `vllm` extra)."""
+    engine: Literal["hf", "vllm", "server"] = "hf"
+    """Generation engine: "hf" (transformers generate), "vllm" (in process; needs the `vllm` extra)
+    or "server" (workers only: an inference server, `[rollout.server]`)."""
     prompts_per_step: int = Field(8, ge=1)
     """Groups (distinct prompts) per learner step."""
     group_size: int = Field(8, ge=2)
@@ -77,12 +118,14 @@ class RolloutConfig(_Section):
     learner.staleness >= lag. 0: the usual loop."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     """The vLLM engine's GPU memory share, KV cache and maximum length (used by rollout.engine =
-    "vllm" and by `echo2 worker --engine vllm`)."""
+    "vllm" and by `echo2 worker --engine vllm`; a launched server takes them too)."""
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    """The inference server of `echo2 worker --engine server`."""
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> RolloutConfig:
         if (
-            self.engine == "vllm"
+            self.engine in ("vllm", "server")
             and self.sampling == "multinomial"
             and self.top_p < 1
             and self.temperature != 1

@@ -64,8 +64,17 @@ class TinyModelConfig(_ModelSection):
     """Width of the model."""
     num_layers: int = Field(2, ge=1)
     """Number of decoder layers."""
+    num_heads: int | None = Field(None, ge=1)
+    """Attention heads (None: hidden_size // 16, head size 16). vLLM's CPU attention needs a head
+    size of 32 or more (e.g. hidden_size = 64, num_heads = 2)."""
     cache_dir: str = "~/.cache/echo2/models"
     """Where the extracted tokenizer is cached."""
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinyModelConfig:
+        if self.num_heads is not None and self.hidden_size % self.num_heads:
+            raise ValueError(f"model.num_heads: {self.num_heads} does not divide model.hidden_size = {self.hidden_size}")
+        return self
 
 
 ModelConfig = Annotated[HFModelConfig | GGUFModelConfig | TinyModelConfig, Field(discriminator="type")]

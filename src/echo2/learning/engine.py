@@ -38,6 +38,8 @@ def learner_engine(config: Config, *, model, tokenizer, version: int, device: to
             device,
         )
         engine = "hf"
+    if engine == "server":  # a worker's engine (rollout/server_engine.py): the learner evaluates with hf
+        engine = "hf"
     if engine == "hf":
         return HFEngine(
             engine_copy(model),

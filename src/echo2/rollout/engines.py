@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from echo2.config import Config, LearnerConfig
+from echo2.config import Config, ConfigError, LearnerConfig
 from echo2.rollout.engine import Engine, HFEngine
 
 logger = logging.getLogger(__name__)
@@ -68,8 +68,11 @@ def with_engine(config: Config, engine: str | None) -> Config:
     return config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": engine})})
 
 
-def worker_engine(config: Config, *, tokenizer, engine: str | None, device: torch.device) -> Engine:
-    """An `echo2 worker`'s engine: `engine` ("hf" or "vllm"; None: the run's rollout.engine) on
+def worker_engine(
+    config: Config, *, tokenizer, engine: str | None, device: torch.device, server_url: str | None = None
+) -> Engine:
+    """An `echo2 worker`'s engine: `engine` ("hf", "vllm" or "server", with `server_url` standing in
+    for rollout.server.url; None: the run's rollout.engine) on
     `device`, in the dtype snapshots arrive in. It starts from the model section's weights (version
     -1 until the first snapshot installs); vLLM loads them from model.path itself when it can."""
     from echo2.models import load_model
@@ -77,6 +80,10 @@ def worker_engine(config: Config, *, tokenizer, engine: str | None, device: torc
 
     config = with_engine(config, engine)
     rcfg = config.rollout
+    if rcfg.engine == "server":  # an inference server (rollout/server_engine.py)
+        from echo2.rollout.server_engine import start_server_engine
+
+        return start_server_engine(config, tokenizer=tokenizer, url=server_url, device=device)
     if rcfg.engine == "hf":
         model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
         return HFEngine(
@@ -101,13 +108,17 @@ def worker_engine(config: Config, *, tokenizer, engine: str | None, device: torc
     )
 
 
-def worker_settings(config: Config, *, engine: str | None, device: torch.device) -> dict:
+def worker_settings(
+    config: Config, *, engine: str | None, device: torch.device, server_url: str | None = None
+) -> dict:
     """What `worker_engine` would start, without starting it (`echo2 worker --dry-run`): engine,
     device, dtype and, for vLLM, where it loads the model from and its `LLM(...)` arguments. A
     setting vLLM would refuse raises ConfigError here too."""
     config = with_engine(config, engine)
     rcfg = config.rollout
     out: dict = {"engine": rcfg.engine, "device": str(device)}
+    if rcfg.engine == "server":
+        return out | server_settings(config, device=device, server_url=server_url)
     if rcfg.engine == "hf":
         return out | {"dtype": str(hf_dtype(config.learner, device)).removeprefix("torch.")}
     from echo2.rollout import vllm_args
@@ -123,4 +134,33 @@ def worker_settings(config: Config, *, engine: str | None, device: torch.device)
         out["llm_kwargs"] = engine_args(
             rcfg, model_dir=source, dtype=dtype, device_kind=kind
         ) | vllm_args.sampling_kwargs(rcfg)  # logprobs_mode; "gumbel": the logits processor
+    return out
+
+
+def server_settings(config: Config, *, device: torch.device, server_url: str | None) -> dict:
+    """`worker_settings` of the server engine: the server it attaches to, or the `vllm serve`
+    command it would launch (ConfigError for a url it would refuse)."""
+    from echo2.rollout import server_admin
+    from echo2.rollout.server_launch import launch_command
+    from echo2.rollout.vllm_engine import engine_args, model_source
+
+    scfg = config.rollout.server
+    url = server_url or scfg.url
+    if url is not None:
+        server_admin.api_key_for(url, scfg.api_key_env)
+        return {"server": url, "backend": scfg.backend}
+    if not scfg.launch:
+        raise ConfigError(
+            "rollout.server: no server to drive: set rollout.server.url (or echo2 worker --server-url), "
+            "or rollout.server.launch = true"
+        )
+    dtype = vllm_dtype(config.learner, device)
+    source = model_source(config.model)
+    out = {"server": "launched", "backend": "vllm", "dtype": dtype}
+    if source is not None:
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        kwargs = engine_args(config.rollout, model_dir=source, dtype=dtype, device_kind=kind)
+        argv, env = launch_command(config.rollout, model_dir=source, dtype=dtype, socket_path="{socket}",
+                                   llm_kwargs=kwargs, seed=config.run.seed, python=scfg.python)  # fmt: skip
+        out |= {"command": argv, "environment": env}
     return out

@@ -195,3 +195,20 @@ def request_seeds(device_kind: DeviceKind, count: int, draw) -> list[int] | None
     if device_kind == "cpu":
         return None
     return [int(s) for s in draw(count)]
+
+
+GUMBEL_KEY = "echo2_gumbel"
+"""`SamplingParams.extra_args` key of a keyed request (vllm_sampling.py; over a server:
+`vllm_xargs`): [seed, record key, response offset, temperature, top_p]."""
+GREEDY_KEY = "echo2_greedy"
+"""`extra_args` key of a greedy request whose returned logits must be its log-probs."""
+
+
+def gumbel_extra_args(keys, *, n: int, temperature: float, top_p: float) -> list[dict[str, Any]]:
+    """One `extra_args` per request, in the engines' row order (context i's n samples together);
+    `keys`: rollout/sampling.py's `SamplingKeys`."""
+    records, starts = keys.records(n).tolist(), keys.starts(n).tolist()
+    return [
+        {GUMBEL_KEY: [int(keys.seed), int(r), int(s), float(temperature), float(top_p)]}
+        for r, s in zip(records, starts, strict=True)
+    ]

@@ -175,17 +175,9 @@ class VLLMEngine:
         start = time.perf_counter()
         state, partial = snapshot.state, False
         if snapshot.is_adapter:
-            if self.base_model is None:
-                raise ValueError("an adapter snapshot, but this vLLM engine keeps no base weights")
-            merge_adapter(self.base_model, snapshot.state, self.lora_base)  # validates it first
             if getattr(self, "packed_modules", None) is None:
                 self.packed_modules = self.llm.collective_rpc("echo2_packed_modules")[0]
-            send = layers_to_send(self.lora_base, self.packed_modules)
-            state = {
-                name: tensor
-                for name, tensor in self.base_model.state_dict().items()
-                if name.rpartition(".")[0] in send
-            }
+            state = merged_layers(self.base_model, snapshot.state, self.lora_base, self.packed_modules)
             partial = True
         # an iterator: a lazy snapshot is read one tensor at a time while vLLM loads it
         self.llm.collective_rpc(
@@ -291,6 +283,17 @@ class VLLMEngine:
         return results
 
 
+def merged_layers(base_model, adapter: dict, lora_base: dict, packed_modules: dict) -> dict:
+    """The weights a merged LoRA install sends (a vLLM engine in process or behind a server):
+    `adapter` merged into `base_model` (weight = base + B @ A from the `lora_base` copies), then
+    every layer ever adapted and its fused siblings (vllm_ext.py `layers_to_send`)."""
+    if base_model is None:
+        raise ValueError("an adapter snapshot, but this vLLM engine keeps no base weights")
+    merge_adapter(base_model, adapter, lora_base)  # validates it first
+    send = layers_to_send(lora_base, packed_modules)
+    return {name: t for name, t in base_model.state_dict().items() if name.rpartition(".")[0] in send}
+
+
 def check_available(config: RolloutConfig) -> None:
     """ConfigError naming rollout.engine when it asks for vLLM and vLLM is not installed here."""
     import importlib.util
@@ -344,15 +347,22 @@ def make_engine(
     kwargs = dict(version=version, seed=seed, dtype=dtype, base_model=base, shared=shared)
     if model_dir is not None:
         return VLLMEngine(model_dir, tokenizer, config, device_kind=device_kind, **kwargs)
-    import torch
-
-    tmp = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
-    try:  # in the engine's dtype: half the bytes of an fp32 copy in bf16
-        target = getattr(torch, dtype)
-        state = {k: v.detach().to(target) for k, v in model.state_dict().items()}
-        model.save_pretrained(tmp, state_dict=state)
-        del state
-        tokenizer.save_pretrained(tmp)
+    tmp = write_model_dir(model, tokenizer, dtype)
+    try:
         return VLLMEngine(tmp, tokenizer, config, device_kind=device_kind, **kwargs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_model_dir(model, tokenizer, dtype: str) -> Path:
+    """`model` and `tokenizer` written in `dtype` (half the bytes of an fp32 copy in bf16) as a
+    fresh temporary safetensors directory vLLM can load; the caller removes it."""
+    import torch
+
+    tmp = Path(tempfile.mkdtemp(prefix="echo2-vllm-"))
+    target = getattr(torch, dtype)
+    state = {k: v.detach().to(target) for k, v in model.state_dict().items()}
+    model.save_pretrained(tmp, state_dict=state)
+    del state
+    tokenizer.save_pretrained(tmp)
+    return tmp

@@ -33,6 +33,10 @@ PARTIAL_NOISE = {
 untouched layer, on every partial install."""
 
 
+UNTOUCHED = "echo2-untouched:"
+"""Prefix of an install refusal raised before any weight changed (the server keeps its version)."""
+
+
 class WeightInstaller:
     """Mixed into vLLM's worker; `self` is that worker."""
 
@@ -52,12 +56,79 @@ class WeightInstaller:
         counted = _Counted(pairs)
         with _quiet(PARTIAL_NOISE) if partial else contextlib.nullcontext():
             aliases = tied_aliases(self.get_model())  # now: the reload takes the layers apart
-            self.reload_weights(weights_iterator=with_tied_aliases(counted, aliases))
+            try:
+                self.reload_weights(weights_iterator=with_tied_aliases(counted, aliases))
+            except BaseException:
+                abandon_reload(self.get_model())
+                raise
         return counted.count
+
+    def echo2_install_file(self, path: str, sha256: str, partial: bool = False) -> dict[str, Any]:
+        """Install the safetensors file at `path` (the server engine's route, rollout/server_admin.py,
+        through `POST /collective_rpc`; every tensor-parallel rank reads the file and loads its own
+        shard). The file's SHA-256 must be `sha256`: otherwise ValueError starting with `UNTOUCHED`
+        and no weight changes. After the reload every parameter whose name and shape are the file's
+        (embeddings, norms: vLLM keeps them unfused) is compared with the file's value; returns
+        {"count": tensors given, "sha256", "checked": parameters compared, "mismatched": names}."""
+        import hashlib
+
+        from safetensors import safe_open
+
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{UNTOUCHED} {path}: sha256 {digest.hexdigest()[:16]}, not {sha256[:16]}")
+        with safe_open(path, framework="pt") as f:
+            count = self.echo2_install_weights(((k, f.get_tensor(k)) for k in f.keys()), partial)
+            params = dict(self.get_model().named_parameters())
+            checked, mismatched = 0, []
+            for name in f.keys():
+                param = params.get(name)
+                if param is None or tuple(param.shape) != tuple(f.get_slice(name).get_shape()):
+                    continue  # fused, packed or sharded by vLLM: not comparable here
+                checked += 1
+                if not bool((param.data.cpu() == f.get_tensor(name).to(param.dtype)).all()):
+                    mismatched.append(name)
+        return {"count": count, "sha256": sha256, "checked": checked, "mismatched": mismatched}
+
+    def echo2_settings(self) -> dict[str, Any]:
+        """What a running server was started with that echo2 depends on: its log-prob mode and
+        logits processors (a server attached by url is checked against the run's sampling)."""
+        mc = self.vllm_config.model_config
+        procs = getattr(mc, "logits_processors", None) or []
+        return {
+            "logprobs_mode": str(getattr(mc, "logprobs_mode", "")),
+            "logits_processors": [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}" for p in procs],
+            "dtype": str(mc.dtype).removeprefix("torch."),
+        }
 
     def echo2_packed_modules(self) -> dict[str, list[str]]:
         """The model's fused layers: vLLM name -> the Hugging Face module names it packs."""
         return {k: list(v) for k, v in getattr(self.get_model(), "packed_modules_mapping", {}).items()}
+
+
+def abandon_reload(model) -> None:
+    """Undo what a reload that raised left behind, so the next one works. vLLM 0.32's layerwise
+    reload (reload/layerwise.py) puts every layer on the meta device and buffers its weights until
+    the layer is complete; an exception skips `finalize_layerwise_reload`, and the next
+    `initialize_layerwise_reload` skips the layers still marked loading (`info.can_load()`), so
+    their stale buffers are replayed. Here each such layer gets its kernel tensors back (what
+    finalize does for a layer given nothing: `_place_kernel_tensors`) and its state is reset.
+    Layers that completed keep their new weights: the model is a mix, and the caller must not
+    claim either version for it."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    for layer in model.modules():
+        info = layerwise.get_layerwise_info(layer)
+        if info.can_load():
+            if info.kernel_tensors is not None:
+                layerwise._place_kernel_tensors(layer, info)
+            info.reset()
+    layerwise.LOADING_LAYERS.clear()
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
 
 
 def tied_aliases(model) -> dict[str, list[str]]:

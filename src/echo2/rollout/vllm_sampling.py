@@ -30,30 +30,16 @@ Only vLLM's V1 model runner takes this interface; the V2 GPU runner has another 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from echo2.rollout import sampling
-from echo2.rollout.sampling import SamplingKeys
+from echo2.rollout import sampling, vllm_args
 
-KEY = "echo2_gumbel"
-"""`SamplingParams.extra_args` key of a keyed request: [seed, record key, response offset,
-temperature, top_p]."""
-GREEDY = "echo2_greedy"
-"""`extra_args` key of a greedy request whose returned logits must be its log-probs."""
-
-
-def extra_args(keys: SamplingKeys, *, n: int, temperature: float, top_p: float) -> list[dict[str, Any]]:
-    """One `extra_args` per request, in the engines' row order (context i's n samples together)."""
-    records, starts = keys.records(n).tolist(), keys.starts(n).tolist()
-    return [
-        {KEY: [int(keys.seed), int(r), int(s), float(temperature), float(top_p)]}
-        for r, s in zip(records, starts, strict=True)
-    ]
+KEY, GREEDY, extra_args = vllm_args.GUMBEL_KEY, vllm_args.GREEDY_KEY, vllm_args.gumbel_extra_args
+"""Defined in rollout/vllm_args.py (no vllm import: the server engine builds them too)."""
 
 
 class GumbelLogitsProcessor(LogitsProcessor):

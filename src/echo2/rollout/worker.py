@@ -107,7 +107,12 @@ class Worker:
         """Serve until `stop` is set or the scheduler releases this worker. Raises Unreachable
         (a ConnectionError) if the coordinator stays unreachable while not stopping, and
         `Quarantined` once the coordinator refuses this worker's work for good."""
-        await self.member.serve(stop, install=self.install_snapshot, work=lambda: self._work(stop))
+        try:
+            await self.member.serve(stop, install=self.install_snapshot, work=lambda: self._work(stop))
+        finally:  # a launched inference server stops with its worker (rollout/server_engine.py)
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
 
     async def _work(self, stop: asyncio.Event) -> None:
         """Load the model (heartbeats flow meanwhile), report its throughput, then lease until stop."""
@@ -189,7 +194,9 @@ class Worker:
             self.engine = EmulatedEngine(tok, rate=self.config.emulate, seed=cfg.run.seed)
             return
         # on this machine's GPU if it has one, in the dtype snapshots arrive in (rollout/engines.py)
-        self.engine = worker_engine(cfg, tokenizer=tok, engine=self.config.engine, device=worker_device())
+        self.engine = worker_engine(
+            cfg, tokenizer=tok, engine=self.config.engine, device=worker_device(), server_url=self.config.server_url
+        )
 
     async def step(self, stop: asyncio.Event) -> None:
         """One lease worked through, or a short pause when there is nothing to do. A refusal the

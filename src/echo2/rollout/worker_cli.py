@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from echo2.rollout.server_launch import ServerDied, ServerStartError
     from echo2.rollout.worker import Worker
     from echo2.wire.errors import Quarantined, Refused, Released, SlotUnproven, Unauthorized
 
@@ -99,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     except Refused as e:  # any other refusal the worker does not act on: one line, not a traceback
         print(f"echo2 worker: stopped: the coordinator refused ({e.reason}: {e.detail})", file=sys.stderr)
         return 1
-    except ConnectionError as e:
-        print(f"echo2 worker: {e}", file=sys.stderr)
+    except (ConnectionError, ServerDied, ServerStartError) as e:  # ServerDown is a ConnectionError
+        print(f"echo2 worker: stopped: {e}", file=sys.stderr)
         return 1
     log.info("worker stopped: %s", worker.counts)
     return 0
@@ -126,6 +127,6 @@ def _dry_run(args: argparse.Namespace, worker: WorkerConfig) -> int:
         else:
             config = load_config(args.config)
             check_model_source(config)
-            settings = worker_settings(config, engine=worker.engine, device=device)
+            settings = worker_settings(config, engine=worker.engine, device=device, server_url=worker.server_url)
     print(json.dumps(settings, indent=2))
     return 0

@@ -111,9 +111,12 @@ class PeerConfig(BaseModel):
 class WorkerConfig(PeerConfig):
     """A rollout worker: a peer that also generates, with an engine of its own."""
 
-    engine: Literal["hf", "vllm"] | None = None
+    engine: Literal["hf", "vllm", "server"] | None = None
     """The engine this worker generates with, on its GPU if it has one (default: the run's
-    rollout.engine)."""
+    rollout.engine); "server": an inference server ([rollout.server], docs/engines.md)."""
+    server_url: str | None = Field(None, json_schema_extra={"metavar": "URL"})
+    """With --engine server: the inference server this worker drives (http://127.0.0.1:PORT or
+    unix:/path; default: rollout.server.url, or one it launches when rollout.server.launch)."""
     emulate: float | None = Field(None, json_schema_extra={"metavar": "RATE"})
     """EMULATION for capacity experiments: no model, random responses at RATE trajectories/s."""
     throughput: float | None = Field(None, json_schema_extra={"metavar": "RATE"})
