@@ -61,11 +61,14 @@ class Stub:
         if path == "/get_model_info":
             return 200, {"model_path": "stub-model"}
         if path == "/update_weights_from_disk":
-            if fault == "refuse":
-                return 200, {"success": False, "message": "Failed to update weights. Rolling back."}
+            if fault == "refuse":  # http_server.py: 400 with success false
+                return 400, {"success": False, "message": "Failed to get weights iterator: no such file"}
+            if fault == "rollback":
+                msg = "Failed to update weights: shape.\nRolling back to original weights."
+                return 400, {"success": False, "message": msg, "num_paused_requests": 0}
             self.version = body.get("weight_version")
             self.installed.append(body["model_path"])
-            return 200, {"success": True, "message": "Succeeded to update model weights."}
+            return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
         if path == "/collective_rpc":
             return self.rpc(body or {})
         return 404, {"detail": "Not Found"}

@@ -215,13 +215,17 @@ def test_sglang_install_calls_its_three_routes_in_order(stub):
     assert engine.version == 1
 
 
-def test_sglang_refusal_keeps_the_old_version(stub):
+@pytest.mark.parametrize("fault, served", [("refuse", 1), ("rollback", -1)])
+def test_sglang_refusal_keeps_the_old_version_and_a_rollback_does_not(stub, fault, served):
+    """400 {success: false}: refused before loading keeps version 1; "Rolling back" re-reads the new
+    path in SGLang (model_runner.py), so the weights are unknown."""
     s, url = stub
     engine = engine_on(url, admin=SGLangAdmin)
     engine.install(snapshot(1))
-    s.faults["/update_weights_from_disk"] = "refuse"  # success: false, SGLang rolled back
+    s.faults["/update_weights_from_disk"] = fault
     with pytest.raises(InstallFailed):
         engine.install(snapshot(2))
-    assert engine.version == 1 and not s.paused
+    assert engine.version == served and not s.paused
+    assert paths(s)[-1] == "/continue_generation"
     with pytest.raises(ConfigError, match="rollout.server.backend"):
         SGLangAdmin(engine.client, install_timeout_s=1).check(GUMBEL)

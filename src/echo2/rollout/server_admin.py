@@ -246,8 +246,9 @@ class SGLangAdmin:
         """`/pause_generation {mode: abort}` (only an idle scheduler can flush its cache) ->
         `/update_weights_from_disk {model_path: the snapshot's directory, weight_version,
         flush_cache}` -> `/continue_generation`, always. SGLang loads a directory through its model
-        loader and rolls back to the old weights when the load fails (model_runner.py
-        `update_weights_from_disk`), so a refusal keeps the old version."""
+        loader; a failed load answers 400 and "rolls back" (model_runner.py
+        `update_weights_from_disk`), but that rollback re-reads the new path, so only a refusal
+        before loading keeps the old version; one that rolled back counts as -1."""
         if partial:
             raise InstallFailed("sglang: a partial (merged-adapter) install is not supported", served=served)
         c = self.client
@@ -261,8 +262,12 @@ class SGLangAdmin:
                 reply = c.call(
                     "POST", "/update_weights_from_disk", json=body, timeout=self.install_timeout_s, retry=False
                 )
-            except HTTPError as e:
-                raise InstallFailed(f"update_weights_from_disk: {e}", served=served) from None
+            except HTTPError as e:  # 400 {success: false, message}
+                # "Failed to get weights iterator / model loader": refused before loading. "Rolling
+                # back to original weights": the rollback re-reads the new path (model_runner.py
+                # switches model_config.model_path first; sglang PRs #30749, #30761), so unknown.
+                kept = "Rolling back" not in e.body
+                raise InstallFailed(f"update_weights_from_disk: {e}", served=served if kept else -1) from None
             except ServerDown as e:
                 raise InstallFailed(f"update_weights_from_disk: {e}", served=-1) from None
             if not (isinstance(reply, dict) and reply.get("success")):
