@@ -129,7 +129,7 @@ class ServerEngine:
                 self.packed_modules = self.admin.rpc("echo2_packed_modules")[0]
             state = merged_layers(self.base_model, dict(snapshot.state), self.lora_base, self.packed_modules)
             partial = True
-        folder = self.install_dir / f"v{snapshot.version}"
+        folder = install_folder(self.install_dir, snapshot.version, state_bytes(state))
         path, sha256 = write_snapshot(state, folder / "model.safetensors")
         try:
             self.admin.install(path, sha256=sha256, version=snapshot.version, partial=partial, served=self.version)
@@ -152,6 +152,26 @@ class ServerEngine:
         if self.launched is not None:
             self.launched.stop()
         shutil.rmtree(self.install_dir, ignore_errors=True)
+
+
+SHM = Path("/dev/shm")
+
+
+def install_folder(base: Path, version: int, nbytes: int) -> Path:
+    """Where version's install file goes: /dev/shm (memory; the file lives only while the server
+    loads it, and writing it costs no disk I/O) when it has twice the snapshot free, else `base`."""
+    try:
+        if shutil.disk_usage(SHM).free >= 2 * nbytes:
+            return Path(tempfile.mkdtemp(prefix=f"echo2-v{version}-", dir=SHM))
+    except OSError:
+        pass
+    return base / f"v{version}"
+
+
+def state_bytes(state) -> int:
+    if isinstance(state, SafetensorsView):
+        return state.data.size
+    return sum(t.numel() * t.element_size() for t in state.values())
 
 
 def write_snapshot(state, path: Path) -> tuple[Path, str]:
