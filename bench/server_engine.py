@@ -91,7 +91,7 @@ def main() -> None:
     out: dict = {"config": vars(args), "inproc_tokens_per_s": [], "server_tokens_per_s": []}
 
     t0 = time.perf_counter()
-    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"))
+    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"), dtype=args.dtype)
     out["server_start_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     rcfg = config.rollout.model_copy(update={"engine": "vllm"})

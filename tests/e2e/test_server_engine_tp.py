@@ -37,7 +37,7 @@ def test_a_two_rank_server_installs_on_both_ranks_and_matches_one_rank():
     config = load_config(TINY, OVERRIDES)
     tok = load_tokenizer(config.model)
     model = load_model(config.model, vocab_size=len(tok), seed=config.run.seed).eval()
-    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"))
+    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"), dtype="float32")
     try:
         inproc = make_engine(
             config.rollout.model_copy(update={"engine": "vllm"}), model=model, tokenizer=tok, version=-1, seed=0

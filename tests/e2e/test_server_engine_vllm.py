@@ -59,7 +59,7 @@ def engines():
     """(server engine, in-process vLLM engine, fp32 HF model, tokenizer, config): the same weights."""
     config = load_config(TINY, OVERRIDES)
     tok = load_tokenizer(config.model)
-    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"))
+    server = start_server_engine(config, tokenizer=tok, url=None, device=torch.device("cpu"), dtype="float32")
     model = load_model(config.model, vocab_size=len(tok), seed=config.run.seed).eval()
     inproc_cfg = config.rollout.model_copy(update={"engine": "vllm"})
     inproc = make_engine(inproc_cfg, model=model, tokenizer=tok, version=-1, seed=0, dtype="float32")

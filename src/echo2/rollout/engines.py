@@ -83,7 +83,9 @@ def worker_engine(
     if rcfg.engine == "server":  # an inference server (rollout/server_engine.py)
         from echo2.rollout.server_engine import start_server_engine
 
-        return start_server_engine(config, tokenizer=tokenizer, url=server_url, device=device)
+        return start_server_engine(
+            config, tokenizer=tokenizer, url=server_url, device=device, dtype=vllm_dtype(config.learner, device)
+        )
     if rcfg.engine == "hf":
         model = load_model(config.model, vocab_size=len(tokenizer), seed=config.run.seed)
         return HFEngine(

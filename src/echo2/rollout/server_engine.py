@@ -199,12 +199,11 @@ def write_snapshot(state, path: Path) -> tuple[Path, str]:
     return path, digest.hexdigest()
 
 
-def start_server_engine(config: Config, *, tokenizer, url: str | None, device) -> ServerEngine:
+def start_server_engine(config: Config, *, tokenizer, url: str | None, device, dtype: str) -> ServerEngine:
     """The engine of `echo2 worker --engine server`: attached to `url` (else rollout.server.url),
-    or a server launched for this worker when rollout.server.launch; checked against the run's
-    sampling before the first request (ConfigError naming the key otherwise)."""
-    from echo2.rollout.engines import vllm_dtype
-
+    or a server launched for this worker when rollout.server.launch, in `dtype` (rollout/engines.py
+    `vllm_dtype`); checked against the run's sampling before the first request (ConfigError naming
+    the key otherwise)."""
     rcfg = config.rollout
     scfg = rcfg.server
     url = url or scfg.url
@@ -215,7 +214,7 @@ def start_server_engine(config: Config, *, tokenizer, url: str | None, device) -
                 "rollout.server: no server to drive: set rollout.server.url (or echo2 worker --server-url), "
                 "or rollout.server.launch = true"
             )
-        launched = launch(config, tokenizer=tokenizer, dtype=vllm_dtype(config.learner, device), device=device)
+        launched = launch(config, tokenizer=tokenizer, dtype=dtype, device=device)
         url, api_key = launched.url, None
     else:
         api_key = api_key_for(url, scfg.api_key_env)
