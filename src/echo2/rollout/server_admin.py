@@ -121,10 +121,8 @@ def api_key_for(url: str, env: str) -> str | None:
     return key
 
 
-class VLLMAdmin:
-    """`vllm serve` 0.32's control plane (module docstring)."""
-
-    backend = "vllm"
+class _Admin:
+    """What every backend's control plane shares: its client, the install time limit, `/health`."""
 
     def __init__(self, client: Client, *, install_timeout_s: float) -> None:
         self.client, self.install_timeout_s = client, install_timeout_s
@@ -135,6 +133,12 @@ class VLLMAdmin:
             return True
         except (ServerDown, HTTPError):
             return False
+
+
+class VLLMAdmin(_Admin):
+    """`vllm serve` 0.32's control plane (module docstring)."""
+
+    backend = "vllm"
 
     def check(self, config: RolloutConfig) -> dict[str, Any]:
         """What the server runs, checked against the run's sampling: ConfigError naming
@@ -212,22 +216,12 @@ class VLLMAdmin:
                 logger.warning("resume after installing version %d: %s", version, e)
 
 
-class SGLangAdmin:
+class SGLangAdmin(_Admin):
     """SGLang's control plane (contract-tested against a recording stub: SGLang's CPU backend does
     not run here). Routes from python/sglang/srt/entrypoints/http_server.py and their bodies from
     python/sglang/srt/managers/io_struct.py (docs/engines.md cites them)."""
 
     backend = "sglang"
-
-    def __init__(self, client: Client, *, install_timeout_s: float) -> None:
-        self.client, self.install_timeout_s = client, install_timeout_s
-
-    def health(self) -> bool:
-        try:
-            self.client.call("GET", "/health", timeout=10, retry=False)
-            return True
-        except (ServerDown, HTTPError):
-            return False
 
     def check(self, config: RolloutConfig) -> dict[str, Any]:
         """SGLang has no echo2 logits processor: refused under rollout.sampling = "gumbel"."""
