@@ -60,6 +60,16 @@ class Engine(Protocol):
         ...
 
 
+def sample_of(tokenizer, prompt_ids, response_ids: tuple[int, ...], logprobs: tuple[float, ...]) -> Sample:
+    """A `Sample` as every engine builds one: its text is the response decoded without special tokens."""
+    return Sample(
+        prompt_ids=tuple(prompt_ids),
+        response_ids=response_ids,
+        logprobs=logprobs,
+        text=tokenizer.decode(response_ids, skip_special_tokens=True),
+    )
+
+
 def default_keys(groups: list[str]) -> SamplingKeys:
     """Keys for a caller that holds no lease (the in-process loop): a seed from torch's global
     generator, so `torch.manual_seed` fixes the samples as with the engines' own samplers."""

@@ -30,7 +30,7 @@ from echo2.config import Config, ConfigError, RolloutConfig
 from echo2.data.tasks.base import Prompt
 from echo2.records import Snapshot
 from echo2.rollout import server_api
-from echo2.rollout.engine import Sample, default_keys, generate_prompts
+from echo2.rollout.engine import Sample, default_keys, generate_prompts, sample_of
 from echo2.rollout.safetensors_view import SafetensorsView
 from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.server_admin import ADMINS, Client, InstallFailed, ServerDown, api_key_for
@@ -94,14 +94,7 @@ class ServerEngine:
                 for resp, logprobs in server_api.samples_of(
                     reply, prompt=ids, n=body["n"], max_tokens=self.config.max_new_tokens
                 ):
-                    group.append(
-                        Sample(
-                            prompt_ids=tuple(ids),
-                            response_ids=resp,
-                            logprobs=logprobs,
-                            text=self.tokenizer.decode(resp, skip_special_tokens=True),
-                        )
-                    )
+                    group.append(sample_of(self.tokenizer, ids, resp, logprobs))
             results.append(group)
         return results
 

@@ -85,8 +85,8 @@ def launch_command(
         argv += ["--gpu-memory-utilization", str(llm_kwargs["gpu_memory_utilization"])]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     if "enforce_eager" in llm_kwargs and "gpu_memory_utilization" not in llm_kwargs:  # a CPU engine
-        # its engine core in the API server's process: on 2 cores the separate process cost 13%
-        # of tokens/s (docs/benchmarks.md, the server engine)
+        # its engine core in the API server's process: on 2 cores that gave 429 tokens/s against
+        # 372 in one side-by-side probe (docs/benchmarks.md, the server engine)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -39,7 +39,7 @@ from echo2.data.tasks.base import Prompt
 from echo2.models import merge_adapter
 from echo2.records import Snapshot
 from echo2.rollout import vllm_args
-from echo2.rollout.engine import Engine, Sample, default_keys, generate_prompts
+from echo2.rollout.engine import Engine, Sample, default_keys, generate_prompts, sample_of
 from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.vllm_ext import layers_to_send
 
@@ -271,14 +271,7 @@ class VLLMEngine:
                 logprobs = tuple(
                     float(step[tok].logprob) for tok, step in zip(resp, completion.logprobs, strict=True)
                 )
-                group.append(
-                    Sample(
-                        prompt_ids=tuple(ids),
-                        response_ids=resp,
-                        logprobs=logprobs,
-                        text=self.tokenizer.decode(resp, skip_special_tokens=True),
-                    )
-                )
+                group.append(sample_of(self.tokenizer, ids, resp, logprobs))
             results.append(group)
         return results
 
