@@ -8,13 +8,14 @@ PATH`, for the launch and server-death tests."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socketserver
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from echo2.rollout.install_digest import file_digest
 
 
 class Stub:
@@ -98,15 +99,14 @@ class Stub:
             return 200, {"results": [{}]}
         if method == "echo2_install_file":
             if self.faults.get("install") == "untouched":
-                return 500, {"error": {"message": "echo2-untouched: sha256 differs"}}
+                return 500, {"error": {"message": "echo2-untouched: digest differs"}}
             if self.faults.get("install") == "500":
                 return 500, {"error": {"message": "Worker failed with error 'shape mismatch'"}}
             path, sha = args[0], args[1]
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
+            digest = file_digest(path)
             self.installed.append(path)
             mismatched = ["model.norm.weight"] if self.faults.get("install") == "mismatch" else []
-            return 200, {"results": [{"count": 3, "sha256": digest if digest == sha else "x", "checked": 2,
+            return 200, {"results": [{"count": 3, "digest": digest if digest == sha else "x", "checked": 2,
                                       "mismatched": mismatched}]}  # fmt: skip
         return 500, {"error": {"message": f"no attribute {method!r}"}}
 

@@ -2,8 +2,8 @@
 rollout.server.launch) on a tiny tied Llama with head size 32: greedy and keyed-Gumbel records equal
 the in-process vLLM engine's, installs are proven and change what is served, a failed install
 resumes the server and is reported honestly, the learner's check accepts the server's records and
-refuses a chosen token, a learner with one `echo2 worker --engine server` trains through it, and the
-server is gone when the engine closes. One server for the module (it takes about a minute to
+refuses a chosen token, a learner with one `echo2 worker --engine server` trains through it (also
+when installs fail mid-run, through tests/server_proxy.py), and the server is gone when the engine closes. One server for the module (it takes about a minute to
 start on 2 cores). Skipped where vllm is not installed."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from server_proxy import FaultProxy  # noqa: E402
 from support import TINY, read_journal  # noqa: E402
 
 from echo2.config import load_config  # noqa: E402
@@ -171,26 +172,58 @@ def test_the_learners_check_accepts_the_servers_records_and_refuses_a_chosen_tok
     assert [r.record_id for r, b in zip(group, bad, strict=True) if b] == [forged.record_id]
 
 
+def run_through(url: str, run_dir: Path, steps: int) -> subprocess.CompletedProcess:
+    """`echo2 run --workers=1` with rollout.server.url = `url` (the worker attaches to a server)."""
+    flags = [f"--{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
+    flags = [f for f in flags if not f.startswith("--rollout.server.launch")]
+    cmd = [
+        sys.executable, "-m", "echo2.cli", "run", TINY, f"--run.dir={run_dir}", "--workers=1",
+        *flags, f"--rollout.server.url={url}", f"--learner.steps={steps}", "--run.eval_size=0",
+        "--learner.staleness=1", "--rollout.prompts_per_step=2", "--rollout.group_size=2", "-q",
+    ]  # fmt: skip
+    env = os.environ | {
+        "PYTHONPATH": str(Path(__file__).parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    }
+    return subprocess.run(cmd, timeout=600, env=env, capture_output=True, text=True, start_new_session=True)
+
+
+def record_versions(run_dir: Path) -> set[int]:
+    return {int(rec["version"]) for line in read_journal(run_dir) for rec in line.get("accepted", [])}
+
+
 def test_a_learner_trains_through_a_worker_driving_the_server(engines, tmp_path):
     """`echo2 run --workers=1` with rollout.server.url: the worker attaches to this module's server,
     installs each published snapshot into it and leases; 3 versions are trained."""
     server: ServerEngine = engines[0]
-    flags = [f"--{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
-    flags = [f for f in flags if not f.startswith("--rollout.server.launch")]
-    cmd = [
-        sys.executable, "-m", "echo2.cli", "run", TINY, f"--run.dir={tmp_path}", "--workers=1",
-        *flags, f"--rollout.server.url={server.launched.url}", "--learner.steps=3", "--run.eval_size=0",
-        "--learner.staleness=1", "--rollout.prompts_per_step=2", "--rollout.group_size=2", "-q",
-    ]  # fmt: skip
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(cmd, timeout=600, env=env, capture_output=True, text=True, start_new_session=True)
+    proc = run_through(server.launched.url, tmp_path, steps=3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert len(rows) == 3 and all(math.isfinite(r["train/loss"]) for r in rows)
-    lines = read_journal(tmp_path)
-    versions = {int(rec["version"]) for line in lines for rec in line.get("accepted", [])}
+    versions = record_versions(tmp_path)
     assert versions and versions <= {0, 1, 2}, versions  # every record from a version it installed
     assert len(versions) >= 2, "the worker installed at least two published versions into the server"
     served = int(server.admin.weight_version())
     assert served >= max(versions)  # the server holds what the worker installed last
     assert server.launched.alive(), "the worker's exit does not stop a server it did not launch"
+
+
+def test_a_run_goes_on_after_installs_fail_mid_run(engines, tmp_path):
+    """The same run through a proxy that breaks the worker's second install (the server refuses
+    the file: the old version stays) and third (the server loads it but the reply is lost: the
+    worker claims -1): the broadcast client retries, the run trains all its steps, the server is
+    resumed, and every record carries a version the server was told it serves."""
+    server: ServerEngine = engines[0]
+    proxy = FaultProxy(server.launched.url, {1: "refuse", 2: "lost"})
+    try:
+        proc = run_through(proxy.start(), tmp_path, steps=4)
+    finally:
+        proxy.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert len(rows) == 4 and all(math.isfinite(r["train/loss"]) for r in rows)
+    assert proxy.installs[:3] == ["ok", "refuse", "lost"] and "ok" in proxy.installs[3:], proxy.installs
+    served = {int(v) for v in proxy.versions}
+    versions = record_versions(tmp_path)
+    assert versions and versions <= served, (versions, proxy.versions)
+    assert len(served) >= 2, "installs went on after the failures"
+    assert not server.admin.client.call("GET", "/is_paused")["is_paused"]

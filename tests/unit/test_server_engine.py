@@ -15,6 +15,7 @@ from server_stub import Stub
 from echo2.config import ConfigError, RolloutConfig, ServerConfig
 from echo2.records import Snapshot
 from echo2.rollout import server_api, vllm_args
+from echo2.rollout.install_digest import combine
 from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.server_admin import Client, InstallFailed, SGLangAdmin, VLLMAdmin, api_key_for
 from echo2.rollout.server_engine import ServerEngine
@@ -133,7 +134,7 @@ def test_install_pauses_loads_proves_versions_and_resumes(stub):
     assert pause == {"mode": "wait"}
     rpc = next(b for p, b in s.calls if p == "/collective_rpc")
     assert rpc["method"] == "echo2_install_file" and rpc["args"][2] is False
-    assert len(rpc["args"][1]) == 64  # the file's SHA-256
+    assert len(rpc["args"][1]) == 64  # the file's digest: the stub took it again and compared
     written = Path(rpc["args"][0])
     assert not written.exists() and not written.parent.exists(), "the file goes once the server has read it"
     assert not list(engine.install_dir.iterdir())
@@ -181,7 +182,7 @@ def test_the_install_file_holds_the_received_bytes_as_they_are(stub, tmp_path):
     engine = engine_on(url)
     engine.install(Snapshot(version=5, state=view))
     rpc = next(b for p, b in s.calls if p == "/collective_rpc")
-    assert rpc["args"][1] == hashlib.sha256(data).hexdigest()
+    assert rpc["args"][1] == combine(len(data), [hashlib.sha256(data).digest()])
 
 
 @pytest.mark.parametrize(

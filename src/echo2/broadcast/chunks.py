@@ -72,6 +72,18 @@ class SnapshotBytes:
             at += len(piece)
         return out
 
+    def views(self, start: int, end: int) -> list[memoryview]:
+        """Bytes [start, end) as read-only views of the chunks that hold them (nothing copied)."""
+        if not 0 <= start <= end <= self.size:
+            raise ValueError(f"byte range [{start}, {end}) outside a snapshot of {self.size} bytes")
+        out, at, c = [], start, self._chunk_size
+        while at < end:
+            index, offset = divmod(at, c)
+            piece = memoryview(self._chunks[index]).toreadonly()[offset : offset + end - at]
+            out.append(piece)
+            at += len(piece)
+        return out
+
     def sha256(self) -> str:
         """SHA-256 of the whole snapshot, fed chunk by chunk."""
         h = hashlib.sha256()

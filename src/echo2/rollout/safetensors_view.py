@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import sys
 from collections.abc import Iterator, Mapping
@@ -105,3 +106,27 @@ def _offsets(name: str, info) -> tuple[int, int]:
     if end < begin:
         raise ValueError(f"snapshot: {name}: data_offsets {offsets!r}")
     return begin, end
+
+
+def mapped_file(path: str) -> tuple[memoryview, dict[str, torch.Tensor]]:
+    """The safetensors file at `path` mapped copy-on-write (private and writable: a loader that
+    writes to a tensor gets its own page; the file never changes) and name -> tensor views of its
+    pages, in the file's data order, nothing copied (the server engine's install,
+    rollout/vllm_ext.py: vLLM's loader makes the one copy, into its parameters). The header is
+    checked as `SafetensorsView` checks it. The map lives while the bytes or a tensor does."""
+    import mmap
+
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 8:
+            raise ValueError(f"{path}: too short for a safetensors header")
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    data = memoryview(mapped)
+    parsed = SafetensorsView(SnapshotBytes.of(data))
+    whole = torch.frombuffer(mapped, dtype=torch.uint8)
+    tensors = {}
+    for name, (dtype, shape, begin, end) in parsed._entries.items():
+        raw = whole[begin:end]
+        if begin % dtype.itemsize:  # unaligned: a copy (safetensors writers align every tensor)
+            raw = raw.clone()
+        tensors[name] = raw.view(dtype).reshape(shape)
+    return data, tensors

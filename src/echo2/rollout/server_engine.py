@@ -17,7 +17,6 @@ server`, `[rollout.server]`), so the worker loop is the same as with the in-proc
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -31,6 +30,7 @@ from echo2.data.tasks.base import Prompt
 from echo2.records import Snapshot
 from echo2.rollout import server_api
 from echo2.rollout.engine import Sample, default_keys, generate_prompts, sample_of
+from echo2.rollout.install_digest import file_digest, write_hashed
 from echo2.rollout.safetensors_view import SafetensorsView
 from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.server_admin import ADMINS, Client, InstallFailed, ServerDown, api_key_for
@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 PARALLEL_REQUESTS = 64
 """Requests in flight at once from one engine (the server schedules and batches them)."""
-WRITE_BLOCK = 1 << 24
 
 
 class ServerEngine:
@@ -123,9 +122,9 @@ class ServerEngine:
             state = merged_layers(self.base_model, dict(snapshot.state), self.lora_base, self.packed_modules)
             partial = True
         folder = install_folder(self.install_dir, snapshot.version, state_bytes(state))
-        path, sha256 = write_snapshot(state, folder / "model.safetensors")
+        path, digest = write_snapshot(state, folder / "model.safetensors")
         try:
-            self.admin.install(path, sha256=sha256, version=snapshot.version, partial=partial, served=self.version)
+            self.admin.install(path, digest=digest, version=snapshot.version, partial=partial, served=self.version)
         except InstallFailed as e:
             if self.launched is not None:
                 self.launched.check_alive()
@@ -169,27 +168,19 @@ def state_bytes(state) -> int:
 
 def write_snapshot(state, path: Path) -> tuple[Path, str]:
     """`state` as a safetensors file at `path` (a received snapshot: its verified bytes as they
-    are, block by block; else `safetensors.torch.save_file`), written to a temporary name and
-    renamed; (path, SHA-256 of the file)."""
+    are, straight from its chunks; else `safetensors.torch.save_file`), written to a temporary
+    name and renamed; (path, the file's digest: rollout/install_digest.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".part")
-    digest = hashlib.sha256()
     if isinstance(state, SafetensorsView):
-        data = state.data
-        with open(tmp, "wb") as f:
-            for start in range(0, data.size, WRITE_BLOCK):
-                block = data.read(start, min(start + WRITE_BLOCK, data.size))
-                digest.update(block)
-                f.write(block)
+        digest = write_hashed(tmp, state.data.size, state.data.views)
     else:
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp))
-        with open(tmp, "rb") as f:
-            for block in iter(lambda: f.read(WRITE_BLOCK), b""):
-                digest.update(block)
+        digest = file_digest(tmp)
     os.replace(tmp, path)
-    return path, digest.hexdigest()
+    return path, digest
 
 
 def start_server_engine(config: Config, *, tokenizer, url: str | None, device, dtype: str) -> ServerEngine:

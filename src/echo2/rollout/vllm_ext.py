@@ -63,35 +63,38 @@ class WeightInstaller:
                 raise
         return counted.count
 
-    def echo2_install_file(self, path: str, sha256: str, partial: bool = False) -> dict[str, Any]:
+    def echo2_install_file(self, path: str, digest: str, partial: bool = False) -> dict[str, Any]:
         """Install the safetensors file at `path` (the server engine's route, rollout/server_admin.py,
         through `POST /collective_rpc`; every tensor-parallel rank reads the file and loads its own
-        shard). The file's SHA-256 must be `sha256`: otherwise ValueError starting with `UNTOUCHED`
-        and no weight changes. After the reload every parameter whose name and shape are the file's
+        shard). The file is mapped, not read (`safetensors_view.mapped_file`); its digest
+        (rollout/install_digest.py) must be `digest`, else ValueError starting with `UNTOUCHED` and
+        no weight changes. After the reload every parameter whose name and shape are the file's
         (embeddings, norms: vLLM keeps them unfused) is compared with the file's value; returns
-        {"count": tensors given, "sha256", "checked": parameters compared, "mismatched": names}."""
-        import hashlib
+        {"count": tensors given, "digest", "checked": parameters compared, "mismatched": names}."""
+        import torch
 
-        from safetensors import safe_open
+        from echo2.rollout.install_digest import buffer_digest
+        from echo2.rollout.safetensors_view import mapped_file
 
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-        if digest.hexdigest() != sha256:
-            raise ValueError(f"{UNTOUCHED} {path}: sha256 {digest.hexdigest()[:16]}, not {sha256[:16]}")
-        with safe_open(path, framework="pt") as f:
-            count = self.echo2_install_weights(((k, f.get_tensor(k)) for k in f.keys()), partial)
-            params = dict(self.get_model().named_parameters())
-            checked, mismatched = 0, []
-            for name in f.keys():
-                param = params.get(name)
-                if param is None or tuple(param.shape) != tuple(f.get_slice(name).get_shape()):
-                    continue  # fused, packed or sharded by vLLM: not comparable here
-                checked += 1
-                if not bool((param.data.cpu() == f.get_tensor(name).to(param.dtype)).all()):
-                    mismatched.append(name)
-        return {"count": count, "sha256": sha256, "checked": checked, "mismatched": mismatched}
+        try:
+            data, tensors = mapped_file(path)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{UNTOUCHED} {path}: {e}") from None
+        with data:
+            found = buffer_digest(data)
+        if found != digest:
+            raise ValueError(f"{UNTOUCHED} {path}: digest {found[:16]}, not {digest[:16]}")
+        count = self.echo2_install_weights(iter(tensors.items()), partial)
+        params = dict(self.get_model().named_parameters())
+        checked, mismatched = 0, []
+        for name, value in tensors.items():
+            param = params.get(name)
+            if param is None or tuple(param.shape) != tuple(value.shape):
+                continue  # fused, packed or sharded by vLLM: not comparable here
+            checked += 1
+            if not torch.equal(param.data.cpu(), value.to(param.dtype)):
+                mismatched.append(name)
+        return {"count": count, "digest": digest, "checked": checked, "mismatched": mismatched}
 
     def echo2_settings(self) -> dict[str, Any]:
         """What a running server was started with that echo2 depends on: its log-prob mode and
