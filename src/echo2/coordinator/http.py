@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 from aiohttp import web
@@ -90,17 +91,24 @@ async def read_raw(request: web.Request, *, limit: int) -> bytes:
 
 
 def capped(
-    server: web.Server, limit: Callable[[], int], on_refused: Callable[[], None]
+    server: web.Server,
+    limit: Callable[[], int],
+    on_refused: Callable[[], None],
+    per_address: Callable[[], int] | None = None,
 ) -> Callable[[], asyncio.BaseProtocol]:
     """A protocol factory for aiohttp's `server` (which has no connection cap of its own): over
-    `limit()` open connections (read at each connection), a new one is closed as soon as it is
-    made (`on_refused` counts it)."""
+    `limit()` open connections, or over `per_address()` from the connection's peer address (both
+    read at each connection), a new one is closed as soon as it is made (`on_refused` counts it),
+    so one address holding idle sockets cannot take the slots every other address needs."""
+    counts: Counter[str] = Counter()
 
     def protocol() -> asyncio.BaseProtocol:
         if len(server.connections) >= limit():
             on_refused()
             return _Refuse()
-        return server()
+        if per_address is None:
+            return server()
+        return _PerAddress(server, counts, per_address(), on_refused)
 
     return protocol
 
@@ -110,3 +118,49 @@ class _Refuse(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.abort()
+
+
+class _PerAddress(asyncio.Protocol):
+    """A connection counted against its peer address while it is open: closed at once when its
+    address already holds `limit`; otherwise aiohttp's handler, made here and fed every event."""
+
+    def __init__(self, server: web.Server, counts: Counter[str], limit: int, on_refused: Callable[[], None]):
+        self.server, self.counts, self.limit, self.on_refused = server, counts, limit, on_refused
+        self.address: str | None = None
+        self.handler: asyncio.Protocol | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self.counts[address] >= self.limit:
+            self.on_refused()
+            transport.abort()
+            return
+        self.counts[address] += 1
+        self.address = address
+        self.handler = self.server()
+        self.handler.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.address is not None:
+            self.counts[self.address] -= 1
+            if self.counts[self.address] <= 0:
+                del self.counts[self.address]
+            self.address = None
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()

@@ -5,7 +5,8 @@ worker must carry that worker's own credential, issued at registration), the bod
 workers' calls (register, heartbeat, lease, push), the status, and the server's thread (the long
 poll for publications is a `PublishedPoll`, longpoll.py). A push's sender (its credential, its
 quarantine) and its declared size are checked from the headers before a byte of its body is read;
-a refused body is not drained (the connection closes). The connections are capped (MAX_CONNECTIONS) and an idle one, or one still
+a refused body is not drained (the connection closes). The connections are capped
+(MAX_CONNECTIONS, and PER_ADDRESS_CONNECTIONS from one peer address) and an idle one, or one still
 sending its headers, is closed after KEEPALIVE_S. What blocks (a push's parse, door and referee,
 the state's lock) runs off the event loop: a push on `ingest_pool` (one at a time, so a burst of
 large pushes queues instead of contending; a large body is parsed in a process of its own,
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 MAX_BODY = 64 * 2**20
 MAX_CONNECTIONS = 4096
 """Open connections served at once; one more is closed as soon as it is accepted."""
+PER_ADDRESS_CONNECTIONS = 256
+"""Open connections one peer address may hold, so one address's idle sockets cannot take every
+slot (workers behind one NAT address share it: an `echo2 worker` holds a few)."""
 KEEPALIVE_S = 15.0
 """An idle connection, or one that has not finished sending a request's headers, is closed after
 this (a request's body is bounded by the handler timeout instead)."""
@@ -125,6 +129,7 @@ class Coordinator:
         self.parser = Parser()
         """Parses a large push's body in its own process (pushparse.py), started at the first registration."""
         self.max_connections = MAX_CONNECTIONS
+        self.max_connections_per_address = PER_ADDRESS_CONNECTIONS
         self.refused_connections = 0
         """Connections closed at once because MAX_CONNECTIONS were open."""
         self._listener: asyncio.Server | None = None
@@ -332,7 +337,12 @@ class Coordinator:
         await self._runner.setup()
         assert self._runner.server is not None
         self._listener = await asyncio.get_running_loop().create_server(
-            capped(self._runner.server, lambda: self.max_connections, self._count_refused_connection),
+            capped(
+                self._runner.server,
+                lambda: self.max_connections,
+                self._count_refused_connection,
+                per_address=lambda: self.max_connections_per_address,
+            ),
             host,
             port,
             ssl=self.ssl_context,

@@ -6,7 +6,8 @@ each worker's parent, the versions installed, the staleness histogram, bubble ra
 T_bcast, rejected records by reason and the scheduler's recent decisions. Behind the run's token:
 `/ui?token=TOKEN` once (or the sign-in form, which posts the token) sets an HttpOnly, SameSite
 cookie holding an HMAC of the token, never the token itself, and redirects to `/ui`; with that
-cookie the page and its fetches of /status and /metrics pass the coordinator's bearer check. The
+cookie the page and its fetches of /status and /metrics pass the coordinator's bearer check. A
+sign-in form over FORM_MAX bytes is refused unread. The
 token is read through a callable, so a coordinator that changes it is followed. Knows nothing of
 what the status means beyond the keys it shows.
 """
@@ -21,9 +22,14 @@ from importlib import resources
 from aiohttp import web
 from multidict import CIMultiDict
 
+from echo2.coordinator.http import error_response
+
 COOKIE = "echo2_session"
 PAGE = "/ui"
 COOKIE_PATHS = ("/status", "/metrics")
+FORM_MAX = 4096
+"""The largest sign-in form read: its body comes before any credential, so a bigger one (or one
+with no Content-Length) is refused with 413 before a byte of it is read."""
 """What the cookie may read besides the page (the page's fetches); the workers' API is not among them."""
 
 LOGIN = """<!doctype html><html><head><meta charset="utf-8"><title>echo2 status: sign in</title>
@@ -71,6 +77,11 @@ def middleware(token: Callable[[], str]):
         if request.path == PAGE:
             given = request.query.get("token")
             if request.method == "POST":
+                declared = request.content_length
+                if declared is None or declared > FORM_MAX:  # unauthenticated: refused unread
+                    return error_response(
+                        413, "too_large", f"a sign-in form has a Content-Length of at most {FORM_MAX} bytes"
+                    )
                 try:
                     given = str((await request.post()).get("token", ""))
                 except ValueError:  # a form that cannot be read (a multipart body without boundary)
