@@ -42,6 +42,12 @@ class StatusCollector:
         for key, name, doc in _GAUGES:
             if isinstance(s.get(key), int | float):
                 yield GaugeMetricFamily(f"echo2_{name}", doc, value=s[key])
+        if isinstance(s.get("credential_conflicts_total"), int):
+            yield CounterMetricFamily(
+                "echo2_credential_conflicts",
+                "Worker credentials revoked because two clients used one at once.",
+                value=s["credential_conflicts_total"],
+            )
         if isinstance(s.get("accepted"), int | float):
             yield CounterMetricFamily("echo2_records_accepted", "Records accepted.", value=s["accepted"])
         rejected = CounterMetricFamily(

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
-from echo2.coordinator import prom, status_page
+from echo2.coordinator import prom, sessions, status_page
 from echo2.coordinator.http import WORKER, capped, guard, read_body, read_raw, refusal
 from echo2.coordinator.longpoll import PublishedPoll
 from echo2.coordinator.prom import exposition
@@ -177,7 +177,15 @@ class Coordinator:
             raise Unauthorized("registration needs the run token")
         if not presented.isascii():  # credentials are ASCII (identity.credential)
             raise Unauthorized("wrong bearer token")
-        return self.state.authenticate(presented)
+        worker_id = self.state.authenticate(presented)
+        if name not in WORKER_CALLS:  # reads (status, manifests, chunk streams): not numbered
+            return worker_id
+        try:
+            seq = sessions.parse_seq(request.headers.get(sessions.SEQ_HEADER))
+        except ValueError as e:
+            raise errors.Invalid(errors.Reason.MALFORMED, str(e)) from None
+        self.state.check_session(worker_id, seq)  # the calls that act: one client (sessions.py)
+        return worker_id
 
     @web.middleware
     async def _finished(self, request: web.Request, handler) -> web.StreamResponse:

@@ -32,11 +32,12 @@ from echo2.coordinator.intake import Intake, Journal
 from echo2.coordinator.leases import Work
 from echo2.coordinator.publisher import Publisher
 from echo2.coordinator.registry import Registry, WorkerInfo, WorkerStatus
+from echo2.coordinator.sessions import SeqWindow
 from echo2.coordinator.shared import Shared
 from echo2.fleet.provider import Provider
 from echo2.fleet.scheduler import Action, Scheduler
 from echo2.wire import identity
-from echo2.wire.errors import Quarantined, SlotUnproven, Unauthorized, UnknownWorker
+from echo2.wire.errors import Forbidden, Quarantined, SlotUnproven, Unauthorized, UnknownWorker
 from echo2.wire.validate import Referee
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,16 @@ class CoordinatorState:
         self._round = threading.Lock()
         """One expiry round at a time (it releases the lock around provider calls)."""
         self.epoch = secrets.token_hex(8)
+        self._sessions: dict[str, SeqWindow] = {}
+        """Worker id -> the request numbers its credential's client used (coordinator/sessions.py)."""
+        self._sessions_lock = threading.Lock()
+        self.revoked: set[str] = set()
+        """Workers whose credential two clients used at once: refused from then on (403)."""
+        self._revoked_pending: list[str] = []
+        """Revoked since the last expiry round, which puts their leases back."""
+        self.credential_conflicts: deque[dict] = deque(maxlen=100)
+        """The latest revocations, for /status and /metrics."""
+        self.credential_conflicts_total = 0
         """This start of the coordinator: workers that see it change drop versions it never published."""
         self._beats: deque[tuple[str, int, float, float]] = deque()
         """Heartbeats noted while a push held the lock (`heartbeat_later`), applied by the next
@@ -150,7 +161,37 @@ class CoordinatorState:
             raise UnknownWorker(f"worker {worker_id!r} is not registered; register again")
         if not identity.matches(secret, info.secret_digest):
             raise Unauthorized(f"wrong credential for worker {worker_id!r}")
+        if worker_id in self.revoked:
+            raise Forbidden(
+                f"worker {worker_id!r}'s credential was revoked (two clients used it at once); register again"
+            )
         return worker_id
+
+    def check_session(self, worker_id: str, seq: int | None) -> None:
+        """Admit an authenticated call numbered `seq` (None: unnumbered) as its credential's one
+        client's; otherwise revoke the credential for every holder (Forbidden now and on every later
+        call: the honest worker registers again) and record the conflict. Its own small lock, never
+        the state's: it runs on the event loop."""
+        with self._sessions_lock:
+            why = self._sessions.setdefault(worker_id, SeqWindow()).admit(seq)
+            if why is None:
+                return
+            info = self.registry.workers.get(worker_id)
+            self.revoked.add(worker_id)
+            self._revoked_pending.append(worker_id)
+            self.credential_conflicts_total += 1
+            self.credential_conflicts.append(
+                {
+                    "worker_id": worker_id,
+                    "name": info.name if info else "",
+                    "at": self.shared.clock(),
+                    "why": why,
+                }
+            )
+        logger.warning("worker %s: credential revoked, two clients used it at once (%s)", worker_id, why)
+        raise Forbidden(
+            f"worker {worker_id!r}'s credential was revoked: two clients used it at once ({why}); register again"
+        )
 
     def check_not_banned(self, credential: str) -> None:
         """Refuse (`Quarantined`) a worker credential presented to register again whose worker was
@@ -209,6 +250,11 @@ class CoordinatorState:
                 lost = self.registry.expire(now)
                 for worker_id in self.registry.purge(now, self.purge_after):
                     self.intake.forget(worker_id)
+                    self._sessions.pop(worker_id, None)
+                with self._sessions_lock:
+                    revoked, self._revoked_pending = self._revoked_pending, []
+                for worker_id in revoked:  # a revoked credential's leases go to other workers now
+                    self.intake.ingestion.put_back_all(worker_id)
                 self.intake.ingestion.expire(now, self.registry.is_lost)
                 self.intake.measure_pool(now)
                 self.publisher.lost([info.worker_id for info in lost])
@@ -269,4 +315,6 @@ class CoordinatorState:
                 "scheduler_target": self.fleet.target() if self.fleet.scheduler else None,
                 "scheduler_decisions": list(self.fleet.decisions)[-20:],  # all of them with a learner
                 "broadcast": self.publisher.status(),
+                "credential_conflicts": list(self.credential_conflicts)[-20:],
+                "credential_conflicts_total": self.credential_conflicts_total,
             }

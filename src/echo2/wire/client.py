@@ -25,6 +25,7 @@ nothing is ever sent to a relay) and follows no redirect.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import ssl
 import time
@@ -46,6 +47,7 @@ from tenacity.stop import stop_base
 from echo2.aio import sleep_unless
 from echo2.wire import errors
 from echo2.wire.errors import Refused
+from echo2.wire.identity import SEQ_HEADER
 from echo2.wire.protocol import (
     API,
     FailureRequest,
@@ -146,6 +148,8 @@ class CoordinatorClient:
         self.credentials: dict[str, str] = {}
         """Credential of each worker id this client registered as (a call still in flight as an
         earlier id, after registering again, goes with that id's credential)."""
+        self._seq = itertools.count(1)
+        """The number on this client's next call made with a credential (coordinator/sessions.py)."""
         self.retry = retry or RetryPolicy()
         self.call_timeout = call_timeout
         self.stop = stop
@@ -180,9 +184,10 @@ class CoordinatorClient:
     async def _once(self, method: str, path: str, body: BaseModel | None, timeout: float, params) -> Any:
         data = body.model_dump_json() if body is not None else None  # the model straight to JSON
         t = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
-        headers = self.auth_headers(
-            run_token=path == f"{API}/register", worker_id=getattr(body, "worker_id", None)
-        )
+        run_token = path == f"{API}/register"
+        headers = self.auth_headers(run_token=run_token, worker_id=getattr(body, "worker_id", None))
+        if not run_token and self.credential is not None:  # each attempt a new number (sessions.py)
+            headers[SEQ_HEADER] = str(next(self._seq))
         if data is not None:
             headers["Content-Type"] = "application/json"
         async with self.session.request(

@@ -94,3 +94,7 @@ def relay_url(port: int | None, advertised: str | None, observed: str, *, any_ho
     if ":" in host and not host.startswith("["):  # IPv6 literal
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+SEQ_HEADER = "X-Echo2-Seq"
+"""The header carrying a worker client's request number (coordinator/sessions.py)."""
