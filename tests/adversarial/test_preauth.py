@@ -14,20 +14,9 @@ import socket
 import time
 
 import pytest
-from test_large_bodies import TOKEN, call, new_state, register
+from test_large_bodies import TOKEN, call, register, served  # noqa: F401 - served: the fixture
 
-from echo2.coordinator.server import Coordinator
 from echo2.coordinator.status_page import FORM_MAX
-
-
-@pytest.fixture
-def served():
-    state = new_state()
-    server = Coordinator(state, token=TOKEN, run_info={}, heartbeat_interval=1.0, max_body=64 * 2**20)
-    server.start()
-    state.publisher.publish(0, b"weights-v0", keep=2)
-    yield state, server
-    server.stop()
 
 
 def address(server) -> tuple[str, int]:
@@ -52,7 +41,7 @@ def answered(sock: socket.socket) -> bool:
         return False
 
 
-def test_one_address_cannot_take_the_slots_every_other_address_needs(served):
+def test_one_address_cannot_take_the_slots_every_other_address_needs(served):  # noqa: F811
     _, server = served
     server.max_connections, server.max_connections_per_address = 40, 8
     held = [connect(server, "127.0.0.1") for _ in range(30)]  # idle, as the attacker's were
@@ -87,7 +76,7 @@ def sign_in_head(server, length: int | None) -> bytes:
 
 
 @pytest.mark.parametrize("length", [60 * 2**20, FORM_MAX + 1, None])
-def test_a_sign_in_body_over_4_kib_or_of_no_length_is_refused_unread(served, length):
+def test_a_sign_in_body_over_4_kib_or_of_no_length_is_refused_unread(served, length):  # noqa: F811
     """Headers and the first 64 KiB (at most the declared length) only: a server that read the body
     would wait for the rest, and the client's 5 s timeout would end the test."""
     _, server = served
@@ -111,7 +100,7 @@ def test_a_sign_in_body_over_4_kib_or_of_no_length_is_refused_unread(served, len
         sock.close()
 
 
-def test_a_sign_in_form_within_the_cap_still_signs_in(served):
+def test_a_sign_in_form_within_the_cap_still_signs_in(served):  # noqa: F811
     _, server = served
     form = f"token={TOKEN}".encode()
     sock = connect(server, "127.0.0.1")

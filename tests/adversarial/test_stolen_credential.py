@@ -16,8 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from test_large_bodies import TOKEN, register
-from test_preauth import served  # noqa: F401 - the fixture
+from test_large_bodies import TOKEN, register, served  # noqa: F401 - served: the fixture
 
 from echo2.coordinator.sessions import SEQ_HEADER, WINDOW, SeqWindow
 from echo2.wire.client import CoordinatorClient
