@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import httpx
+from server_stub import JSONHandler
 
 
 class FaultProxy:
@@ -53,30 +54,13 @@ class FaultProxy:
     def start(self) -> str:
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(JSONHandler):
             def _serve(self, method):
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else b""
-                headers = {
-                    k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")
-                }
-                status, data = proxy.forward(method, self.path, body, headers)
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_POST(self):
-                self._serve("POST")
-
-            def log_message(self, *args):
-                pass
+                wanted = ("content-type", "authorization")
+                headers = {k: v for k, v in self.headers.items() if k.lower() in wanted}
+                self.reply(*proxy.forward(method, self.path, body, headers))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

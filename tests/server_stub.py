@@ -18,12 +18,44 @@ from urllib.parse import parse_qs, urlsplit
 from echo2.rollout.install_digest import file_digest
 
 
+class JSONHandler(BaseHTTPRequestHandler):
+    """GET and POST go to `_serve(method)`, which answers with `reply`; nothing is logged (the
+    stub's and the fault proxy's, tests/server_proxy.py)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self, method: str) -> None:
+        raise NotImplementedError
+
+    def reply(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._serve("GET")
+
+    def do_POST(self):
+        self._serve("POST")
+
+    def log_message(self, *args):
+        pass
+
+
 class Stub:
-    def __init__(self, *, logprobs_mode: str = "processed_logprobs", processors: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *, logprobs_mode: str = "processed_logprobs", processors: tuple[str, ...] = ()
+    ) -> None:
         self.calls: list[tuple[str, dict]] = []
         self.faults: dict[str, str] = {}
         """route -> "500" (answer 500), "untouched" (an install refused before loading), "hang"."""
-        self.settings = {"logprobs_mode": logprobs_mode, "logits_processors": list(processors), "dtype": "float32"}
+        self.settings = {
+            "logprobs_mode": logprobs_mode,
+            "logits_processors": list(processors),
+            "dtype": "float32",
+        }
         self.version: str | None = None
         self.paused = False
         self.installed: list[str] = []
@@ -69,7 +101,11 @@ class Stub:
                 return 400, {"success": False, "message": msg, "num_paused_requests": 0}
             self.version = body.get("weight_version")
             self.installed.append(body["model_path"])
-            return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+            return 200, {
+                "success": True,
+                "message": "Succeeded to update model weights.",
+                "num_paused_requests": 0,
+            }
         if path == "/collective_rpc":
             return self.rpc(body or {})
         return 404, {"detail": "Not Found"}
@@ -114,9 +150,7 @@ class Stub:
     def handler(self):
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(JSONHandler):
             def _serve(self, method):
                 parts = urlsplit(self.path)
                 length = int(self.headers.get("content-length") or 0)
@@ -124,21 +158,7 @@ class Stub:
                 body = json.loads(raw) if raw else None
                 query = {k: v[0] for k, v in parse_qs(parts.query).items()}
                 status, reply = stub.handle(method, parts.path, query, body)
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_POST(self):
-                self._serve("POST")
-
-            def log_message(self, *args):
-                pass
+                self.reply(status, json.dumps(reply).encode())
 
             def address_string(self):
                 return "stub"

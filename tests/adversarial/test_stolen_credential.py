@@ -18,8 +18,9 @@ import urllib.request
 import pytest
 from test_large_bodies import TOKEN, register, served  # noqa: F401 - served: the fixture
 
-from echo2.coordinator.sessions import SEQ_HEADER, WINDOW, SeqWindow
+from echo2.coordinator.sessions import WINDOW, SeqWindow
 from echo2.wire.client import CoordinatorClient
+from echo2.wire.identity import SEQ_HEADER
 from echo2.wire.protocol import HeartbeatRequest
 
 

@@ -61,14 +61,10 @@ class SnapshotBytes:
 
     def read(self, start: int, end: int) -> bytearray:
         """A fresh, writable copy of bytes [start, end)."""
-        if not 0 <= start <= end <= self.size:
-            raise ValueError(f"byte range [{start}, {end}) outside a snapshot of {self.size} bytes")
-        out = bytearray(end - start)
-        at, c = start, self._chunk_size
-        while at < end:
-            index, offset = divmod(at, c)
-            piece = memoryview(self._chunks[index])[offset : offset + end - at]
-            out[at - start : at - start + len(piece)] = piece
+        pieces = self.views(start, end)
+        out, at = bytearray(end - start), 0
+        for piece in pieces:
+            out[at : at + len(piece)] = piece
             at += len(piece)
         return out
 

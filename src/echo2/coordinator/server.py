@@ -181,7 +181,7 @@ class Coordinator:
         if name not in WORKER_CALLS:  # reads (status, manifests, chunk streams): not numbered
             return worker_id
         try:
-            seq = sessions.parse_seq(request.headers.get(sessions.SEQ_HEADER))
+            seq = sessions.parse_seq(request.headers.get(identity.SEQ_HEADER))
         except ValueError as e:
             raise errors.Invalid(errors.Reason.MALFORMED, str(e)) from None
         self.state.check_session(worker_id, seq)  # the calls that act: one client (sessions.py)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from echo2.wire.identity import SEQ_HEADER
 
-__all__ = ["SEQ_HEADER", "WINDOW", "SeqWindow", "parse_seq"]
-
 WINDOW = 4096
 """How far below the highest number seen a request may arrive (requests in flight at once, with
 retries, stay far under it)."""

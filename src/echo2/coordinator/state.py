@@ -250,7 +250,8 @@ class CoordinatorState:
                 lost = self.registry.expire(now)
                 for worker_id in self.registry.purge(now, self.purge_after):
                     self.intake.forget(worker_id)
-                    self._sessions.pop(worker_id, None)
+                    with self._sessions_lock:
+                        self._sessions.pop(worker_id, None)
                 with self._sessions_lock:
                     revoked, self._revoked_pending = self._revoked_pending, []
                 for worker_id in revoked:  # a revoked credential's leases go to other workers now
