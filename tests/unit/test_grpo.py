@@ -62,3 +62,47 @@ def test_token_logprobs_matches_log_softmax_at_temperature():
     got = token_logprobs(logits, targets, temperature=0.7)
     want = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None])[..., 0]
     assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_ratio_cap_bounds_the_weight_a_behaviour_log_prob_gives_a_negative_advantage_token():
+    """A behaviour log-prob 3.9 nats under the learner's on a token with A < 0: uncapped its
+    gradient is e^3.9 times an honest token's, capped ratio_cap times; a positive advantage's
+    large ratio stays clipped (no gradient) under the cap."""
+
+    def grad(behaviour: float, adv: float, cap: float | None) -> float:
+        logp = torch.tensor([[-1.0]], requires_grad=True)
+        loss, _ = grpo_loss(
+            logp,
+            torch.tensor([[behaviour]]),
+            torch.tensor([adv]),
+            torch.ones(1, 1),
+            eps_low=0.2,
+            eps_high=0.28,
+            num_tokens=1,
+            ratio_cap=cap,
+        )
+        loss.backward()
+        return float(logp.grad)
+
+    assert grad(-4.9, -1.0, None) == pytest.approx(math.exp(3.9), rel=1e-5)
+    assert grad(-4.9, -1.0, 1.28) == pytest.approx(1.28, rel=1e-5)
+    assert grad(-1.1, -1.0, 1.28) == pytest.approx(math.exp(0.1), rel=1e-5)  # under the cap: as it was
+    assert grad(-4.9, 1.0, 1.28) == 0.0
+
+
+def test_a_fresh_row_is_trained_on_the_learners_own_log_probs():
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]], requires_grad=True)
+    forged = torch.tensor([[-4.9, -0.5], [-4.9, -0.5]])
+    loss, _ = grpo_loss(
+        logp,
+        forged,
+        torch.tensor([-1.0, -1.0]),
+        torch.ones(2, 2),
+        eps_low=0.2,
+        eps_high=0.28,
+        num_tokens=4,
+        fresh=torch.tensor([True, False]),
+    )
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.25, 0.25])  # ratio 1: |A| / num_tokens
+    assert logp.grad[1, 0].item() == pytest.approx(math.exp(3.9) / 4, rel=1e-5)

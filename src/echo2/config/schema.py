@@ -185,6 +185,11 @@ class LearnerConfig(_Section):
     """dual_clip: the loss of a token with advantage A < 0 is at most -delta * A (paper: 4)."""
     is_cap: float = Field(2.0, ge=1)
     """tis and decoupled: cap C of the truncated importance weight (pi/mu, or pi_prox/mu)."""
+    ratio_cap: float | None = Field(1.28, ge=1)
+    """The largest importance ratio pi/mu a worker's behaviour log-prob can give one token: every
+    correction takes mu as at least the learner's own pi / ratio_cap, so a worker's log-probs can
+    lower its tokens' weight but never raise one past ratio_cap (forged log-probs inside the check's
+    bounds steering a step, docs/security.md). None: uncapped (before issue 41)."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to a frozen reference; 0 loads no reference model."""
     scale_adv_by_std: bool = True

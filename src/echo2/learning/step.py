@@ -74,8 +74,11 @@ def train_step(
     check: StepCheck | None = None,
     grouping: str = "state",
 ) -> dict[str, float]:
-    """One optimizer update on `groups`. `staleness` (per record, in order) splits the
-    `offpolicy/*` ratio diagnostics by staleness; default all 0. `grouping`: the task's
+    """One optimizer update on `groups`. `staleness` (per record, in order: the learner's version
+    less the record's) splits the `offpolicy/*` ratio diagnostics by staleness, and a record of
+    staleness 0 is trained on the learner's own log-probs (a worker's are only checked:
+    `grpo_loss`'s `fresh`); None: unknown, every record trained on its reported log-probs (under
+    `learner.ratio_cap`), diagnostics as staleness 0. `grouping`: the task's
     (`task.grouping`, paper F.5.2), "batch" normalises advantages over the whole step; it comes from
     the learner's config, never from a record's metadata, which a worker writes.
 
@@ -126,6 +129,8 @@ def train_step(
             correction=config.correction,
             dual_clip_delta=config.dual_clip_delta,
             is_cap=config.is_cap,
+            ratio_cap=config.ratio_cap,
+            fresh=None if staleness is None else torch.tensor([staleness[i] == 0 for i in rows]),
         )
         (loss if live else loss * 0).backward()  # a dead micro-batch only keeps ranks in step
         if not live:
