@@ -86,6 +86,7 @@ def test_the_stall_loop_at_5_hz_beside_an_honest_worker(tmp_path):
             "learner.steps": 3,
             "learner.staleness": 1,
             "run.eval_size": 0,
+            "rollout.sampling": "multinomial",  # the emulated engine samples no model's noise
         },
     )
     seen: dict = {}

@@ -55,6 +55,9 @@ def test_one_worker_with_s0_matches_the_in_process_loop(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("PYTHONPATH", str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     common = [*TOY, "--learner.steps=4", "--learner.lr=1e-3", "--run.eval_size=0", "--run.threads=1", "-q"]
+    # multinomial: both draw from torch's generator, seeded alike (under "gumbel" the in-process loop
+    # keys its noise with a seed of its own, a worker with the coordinator's lease seed)
+    common.append("--rollout.sampling=multinomial")
     # Both runs in fresh processes: an engine that pins torch's thread pool in this process (vLLM's
     # CPU worker does) must not make the two runs compute with different thread counts.
     for name, extra in (("local", []), ("remote", ["--workers=1"])):
@@ -184,6 +187,7 @@ def test_a_slow_emulated_pool_completes_its_steps_without_a_reissued_lease(tmp_p
             "coordinator.lease_timeout": 4.0,
             "coordinator.heartbeat_interval": 0.5,
             "coordinator.wait_timeout": 180.0,  # the old whole-step leases: fail, not hang
+            "rollout.sampling": "multinomial",  # emulated records: no model's noise drew them
         },
     )
     fleet = LocalFleet.identical(2, threads=1, emulate=2.0)

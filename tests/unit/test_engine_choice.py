@@ -36,7 +36,7 @@ def test_vllm_engine_refuses_top_p_below_one_away_from_temperature_one(tiny):
     does not pass through the schema's check, so the engine refuses it itself."""
     _, tok = tiny
     unchecked = RolloutConfig.model_construct(
-        **(RolloutConfig(temperature=0.8).model_dump() | {"top_p": 0.9})
+        **(RolloutConfig(temperature=0.8, sampling="multinomial").model_dump() | {"top_p": 0.9})
     )
     with pytest.raises(ConfigError, match="rollout.top_p"):
         VLLMEngine("unused", tok, unchecked)
@@ -51,7 +51,14 @@ def test_vllm_engine_without_vllm_installed_exits_2_before_writing(tmp_path, cap
 
 
 def test_vllm_needs_top_p_one_unless_temperature_is_one(capsys):
-    argv = ["run", TINY, "--rollout.engine=vllm", "--rollout.top_p=0.9", "--dry-run"]
+    argv = [
+        "run",
+        TINY,
+        "--rollout.engine=vllm",
+        "--rollout.sampling=multinomial",
+        "--rollout.top_p=0.9",
+        "--dry-run",
+    ]
     assert main([*argv, "--rollout.temperature=0.8"]) == 2
     assert "rollout.top_p" in capsys.readouterr().err
     assert main([*argv, "--rollout.temperature=1.0"]) == 0  # raw log-probs are the learner's at T = 1

@@ -208,7 +208,11 @@ def test_vllm_gets_one_seed_per_prompt_from_torch_on_a_gpu(tiny):
 
     _, tok = tiny
     engine = VLLMEngine.__new__(VLLMEngine)
-    engine.config, engine.eos_id, engine.device_kind = RolloutConfig(top_p=0.95), tok.eos_token_id, "cuda"
+    engine.config, engine.eos_id, engine.device_kind = (
+        RolloutConfig(top_p=0.95, sampling="multinomial"),
+        tok.eos_token_id,
+        "cuda",
+    )
 
     class Handed(Exception):
         pass
@@ -258,7 +262,8 @@ def test_worker_dry_run_prints_the_engine_settings_without_connecting(hf_dir, tm
         "max_model_len": 256 + 32,
         "gpu_memory_utilization": 0.85,
         "enforce_eager": False,
-        "logprobs_mode": "processed_logprobs",
+        "logprobs_mode": "processed_logits",  # verifiable sampling by default: echo2's processor
+        "logits_processors": ["echo2.rollout.vllm_sampling:GumbelLogitsProcessor"],
     }
 
 

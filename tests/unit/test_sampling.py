@@ -257,5 +257,18 @@ def test_gumbel_is_accepted_by_the_vllm_engine_and_lifts_its_top_p_limit():
     with pytest.raises(ValidationError, match="rollout.top_p"):
         RolloutConfig(engine="vllm", sampling="multinomial", temperature=0.8, top_p=0.9)
     with pytest.raises(ConfigError, match="rollout.top_p"):
-        vllm_args.check_sampling(RolloutConfig(temperature=0.8, top_p=0.9))
-    assert RolloutConfig().sampling == "multinomial"  # the default until the references are re-measured
+        vllm_args.check_sampling(RolloutConfig(temperature=0.8, top_p=0.9, sampling="multinomial"))
+    assert RolloutConfig().sampling == "gumbel"  # verifiable by default (issue 41 item 2)
+
+
+def test_the_check_tolerance_follows_the_snapshot_dtype_unless_set():
+    """fp32 engines agree with the learner to 1e-4: 0.01 there; bf16 engines need 0.5."""
+    from echo2.config import RolloutConfig
+    from echo2.learning.verify import sampling_check
+
+    def tol(dtype: str, **kw) -> float:
+        return sampling_check(RolloutConfig(**kw), is_env=False, eos_id=1, snapshot_dtype=dtype).tolerance
+
+    assert tol("fp32") == sampling.FP32_TOLERANCE == 0.01 and tol("bf16") == sampling.TOLERANCE == 0.5
+    assert tol("fp32", sampling_tolerance=0.2) == 0.2 == tol("bf16", sampling_tolerance=0.2)
+    assert sampling_check(RolloutConfig(sampling="multinomial"), is_env=False, eos_id=1) is None

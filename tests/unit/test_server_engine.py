@@ -20,7 +20,7 @@ from echo2.rollout.sampling import SamplingKeys
 from echo2.rollout.server_admin import Client, InstallFailed, SGLangAdmin, VLLMAdmin, api_key_for
 from echo2.rollout.server_engine import ServerEngine
 
-CFG = RolloutConfig(engine="server", max_new_tokens=4, temperature=0.8)
+CFG = RolloutConfig(engine="server", max_new_tokens=4, temperature=0.8, sampling="multinomial")
 GUMBEL = RolloutConfig(engine="server", max_new_tokens=4, temperature=0.8, sampling="gumbel")
 
 

@@ -107,7 +107,7 @@ def test_launch_flags_follow_the_run_sampling():
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert env["OMP_NUM_THREADS"] == "2"
     argv, env = launch_command(
-        RolloutConfig(engine="server", top_p=0.9), model_dir="/m", dtype="bfloat16", socket_path="/s",
+        RolloutConfig(engine="server", top_p=0.9, sampling="multinomial"), model_dir="/m", dtype="bfloat16", socket_path="/s",
         llm_kwargs={"max_model_len": 288, "gpu_memory_utilization": 0.85}, seed=0,
     )  # fmt: skip
     assert "--logits-processors" not in argv and "raw_logprobs" in argv and "--enforce-eager" not in argv

@@ -113,13 +113,15 @@ def test_max_model_len_below_a_whole_rollout_is_refused_naming_the_key():
 
 
 def test_top_p_below_one_takes_raw_logprobs_and_only_at_temperature_one():
-    assert logprobs_mode(RolloutConfig(temperature=0.8)) == "processed_logprobs"
-    assert logprobs_mode(RolloutConfig(top_p=0.95)) == "raw_logprobs"
-    vllm_args.check_sampling(RolloutConfig(top_p=0.95))
+    assert logprobs_mode(RolloutConfig(temperature=0.8, sampling="multinomial")) == "processed_logprobs"
+    assert logprobs_mode(RolloutConfig(top_p=0.95, sampling="multinomial")) == "raw_logprobs"
+    vllm_args.check_sampling(RolloutConfig(top_p=0.95, sampling="multinomial"))
     with pytest.raises(ConfigError, match=r"rollout\.top_p"):
-        vllm_args.check_sampling(RolloutConfig(top_p=0.95, temperature=0.7))
+        vllm_args.check_sampling(RolloutConfig(top_p=0.95, temperature=0.7, sampling="multinomial"))
     with pytest.raises(ConfigError, match=r"rollout\.top_p"):
-        build_config({"rollout": {"engine": "vllm", "top_p": 0.95, "temperature": 0.7}})
+        build_config(
+            {"rollout": {"engine": "vllm", "sampling": "multinomial", "top_p": 0.95, "temperature": 0.7}}
+        )
 
 
 def _torch_draw(k: int) -> list[int]:

@@ -21,9 +21,9 @@ def test_gumbel_takes_the_processor_and_processed_logits_at_any_temperature_and_
         "logprobs_mode": "processed_logits",
         "logits_processors": [vllm_args.GUMBEL_PROCESSOR],
     }
-    assert vllm_args.sampling_kwargs(RolloutConfig()) == {"logprobs_mode": "processed_logprobs"}
+    assert vllm_args.sampling_kwargs(RolloutConfig(sampling="multinomial")) == {"logprobs_mode": "processed_logprobs"}
     with pytest.raises(ConfigError, match="rollout.top_p"):  # vLLM's own sampler: still refused
-        vllm_args.check_sampling(RolloutConfig(temperature=0.7, top_p=0.9))
+        vllm_args.check_sampling(RolloutConfig(temperature=0.7, top_p=0.9, sampling="multinomial"))
 
 
 def _processor():

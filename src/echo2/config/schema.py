@@ -103,11 +103,19 @@ class RolloutConfig(_Section):
     """Sampling temperature; the learner evaluates log-probs at the same temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass, in (0, 1]."""
-    sampling: Literal["multinomial", "gumbel"] = "multinomial"
-    """How engines draw tokens. "multinomial": the engine's own sampler. "gumbel": verifiable
-    sampling (rollout/sampling.py): the arg-max of the truncated logits / T plus Gumbel noise keyed
-    by the lease's seed (issued by the coordinator), the record and the position, which the learner
-    regenerates to refuse, with a strike, a record whose tokens were not sampled that way."""
+    sampling: Literal["multinomial", "gumbel"] = "gumbel"
+    """How engines draw tokens. "gumbel" (the default): verifiable sampling (rollout/sampling.py):
+    the arg-max of the truncated logits / T plus Gumbel noise keyed by the lease's seed (issued by
+    the coordinator), the record and the position, which the learner regenerates to refuse, with a
+    strike, a record whose tokens were not sampled that way. "multinomial": the engine's own sampler,
+    unchecked: a worker's chosen tokens are trained (SGLang servers, which have no echo2 processor,
+    need it)."""
+    sampling_tolerance: float | None = Field(None, gt=0)
+    """"gumbel": the largest margin (arg-max score - the sampled token's score, in logits / T) a
+    sampled token may have at the learner and still count as drawn: room for the engine's logits to
+    differ from the fp32 learner's. A worker may pick any token within it (docs/security.md). None:
+    by the snapshot dtype engines run in, 0.5 for bf16 (bf16 engines reached 0.43), 0.01 for fp32
+    (fp32 engines: under 1e-4) (rollout/sampling.py `default_tolerance`)."""
     max_new_tokens: int = Field(32, ge=1)
     """Responses are cut at this length (or at EOS)."""
     max_prompt_tokens: int = Field(256, ge=1)

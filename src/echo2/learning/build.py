@@ -27,6 +27,7 @@ from echo2.config import Config
 from echo2.learning import distributed
 from echo2.learning.checkpoint import LearnerState, load_checkpoint
 from echo2.learning.device import place as place_on_device
+from echo2.learning.device import resolved_learner
 from echo2.learning.lora import adapter_state, apply_lora, is_lora
 from echo2.learning.step import make_optimizer, train_step
 from echo2.learning.verify import StepCheck, sampling_check
@@ -84,7 +85,10 @@ def follow(config: Config) -> dict[str, Any]:
         max_logratio=lcfg.max_logratio,
         staleness=lcfg.staleness,
         sampling=sampling_check(
-            config.rollout, is_env=config.task.type == "env", eos_id=learner.tokenizer.eos_token_id
+            config.rollout,
+            is_env=config.task.type == "env",
+            eos_id=learner.tokenizer.eos_token_id,
+            snapshot_dtype=resolved_learner(lcfg).dtype,
         ),
     )
 

@@ -219,7 +219,10 @@ class Learner:
             max_logratio=lcfg.max_logratio if checks else None,
             learner_version=state.version,
             sampling=sampling_check(
-                rcfg, is_env=isinstance(config.task, EnvTaskConfig), eos_id=self.tokenizer.eos_token_id
+                rcfg,
+                is_env=isinstance(config.task, EnvTaskConfig),
+                eos_id=self.tokenizer.eos_token_id,
+                snapshot_dtype=lcfg.dtype,
             )
             if checks
             else None,

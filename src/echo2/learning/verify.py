@@ -190,9 +190,12 @@ class SamplingCheck:
         return bad | ~verdict.ok.cpu()
 
 
-def sampling_check(rollout, *, is_env: bool, eos_id: int | None) -> SamplingCheck | None:
+def sampling_check(
+    rollout, *, is_env: bool, eos_id: int | None, snapshot_dtype: str = "bf16"
+) -> SamplingCheck | None:
     """The learner's check of `rollout.sampling = "gumbel"` (a `RolloutConfig`), or None: sampled
-    otherwise. `is_env`: the records are episodes (several generate calls each)."""
+    otherwise. `is_env`: the records are episodes (several generate calls each). `snapshot_dtype`
+    (learner.dtype, resolved) sets the tolerance when rollout.sampling_tolerance is unset."""
     if rollout.sampling != "gumbel":
         return None
     return SamplingCheck(
@@ -202,6 +205,7 @@ def sampling_check(rollout, *, is_env: bool, eos_id: int | None) -> SamplingChec
         max_new_tokens=rollout.max_new_tokens,
         eos_id=eos_id,
         episodes=is_env,
+        tolerance=rollout.sampling_tolerance or sampling.default_tolerance(snapshot_dtype),
     )
 
 

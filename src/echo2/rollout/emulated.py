@@ -35,7 +35,11 @@ class EmulatedEngine:
     def install(self, snapshot: Snapshot) -> None:
         self.version = snapshot.version  # weights are not used: this engine emulates throughput only
 
-    def generate(self, prompts: list[Prompt], *, n: int, greedy: bool = False) -> list[list[Sample]]:
+    def generate(
+        self, prompts: list[Prompt], *, n: int, greedy: bool = False, keys=None
+    ) -> list[list[Sample]]:
+        """`keys` (a lease's sampling keys under rollout.sampling = "gumbel") are ignored: no model,
+        no noise; a run of emulated workers sets scheduler.emulate, which skips the learner's checks."""
         started = time.monotonic()
         out = []
         for prompt in prompts:

@@ -40,6 +40,18 @@ token may have and still count as the arg-max: the engine's and the learner's lo
 vs fp32), never the noise. A bf16 HF engine's margins against the fp32 learner reached 0.33 over
 15,209 tokens; at 0.5, a worker can pick another token than the arg-max at 24% of positions (at 1.0,
 43%): docs/security.md, verifiable sampling, with the commands."""
+FP32_TOLERANCE = 0.01
+"""`TOLERANCE` for engines that run fp32 snapshots: fp32 engines' margins against the fp32 learner
+stay under 1e-4 (HF and vLLM on SmolLM2-135M: 0; docs/security.md), and 0.01 leaves a worker
+another token at few positions (bench/gumbel_steering.py)."""
+
+
+def default_tolerance(snapshot_dtype: str) -> float:
+    """The check's tolerance when rollout.sampling_tolerance is unset: engines run the snapshots'
+    dtype (learner.dtype, resolved: "fp32" or "bf16")."""
+    return FP32_TOLERANCE if snapshot_dtype == "fp32" else TOLERANCE
+
+
 SEED_KEY = "lease_seed"
 """Record metadata key of the lease's sampling seed: written by the coordinator when it accepts the
 record (coordinator/leases.py), overwriting whatever the worker sent."""
