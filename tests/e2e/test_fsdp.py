@@ -29,6 +29,9 @@ TEMPERATURE = 0.9
 # A small token budget: 16 rows of 7-14 tokens make an odd number of micro-batches, so one rank
 # runs a dead (zero-weight) micro-batch to stay in step.
 LEARNER = LearnerConfig(lr=1e-3, micro_batch_tokens=40, device="cpu", dtype="fp32")
+# Every other record one version stale: rank 0's TRAIN order carries it, so the follower trains the
+# fresh rows on its own log-probs and caps the stale ones' ratios exactly as rank 0 does.
+STALENESS = [i % 2 for i in range(16)]
 
 
 def fixed_groups(model, *, pad_id: int, vocab: int) -> list[list[Trajectory]]:
@@ -94,9 +97,20 @@ def _rank(rank: int, port: int, groups, out: str) -> None:
     model, optimizer, _ = place(model, None, None, LEARNER, make_optimizer=make_optimizer)
     stats = []
     for _ in range(STEPS):
-        distributed.lead(distributed.Order.TRAIN, groups)
+        distributed.lead(
+            distributed.Order.TRAIN,
+            build.train_order(groups, staleness=STALENESS, checks=False, version=None),
+        )
         stats.append(
-            train_step(model, optimizer, groups, LEARNER, pad_id=tok.pad_token_id, temperature=TEMPERATURE)
+            train_step(
+                model,
+                optimizer,
+                groups,
+                LEARNER,
+                pad_id=tok.pad_token_id,
+                temperature=TEMPERATURE,
+                staleness=STALENESS,
+            )
         )
     state = snapshot_state(model, LEARNER)
     distributed.stop()
@@ -116,7 +130,15 @@ def test_two_fsdp_ranks_match_one_process(tiny, tmp_path):
     single = copy.deepcopy(model)
     optimizer = make_optimizer(single, LEARNER)
     expected = [
-        train_step(single, optimizer, groups, LEARNER, pad_id=tok.pad_token_id, temperature=TEMPERATURE)
+        train_step(
+            single,
+            optimizer,
+            groups,
+            LEARNER,
+            pad_id=tok.pad_token_id,
+            temperature=TEMPERATURE,
+            staleness=STALENESS,
+        )
         for _ in range(STEPS)
     ]
 
@@ -261,7 +283,9 @@ def _lora_rank(rank: int, port: int, groups, out: str) -> None:
         return
     learner = build.place(build.load(config), config)
     for _ in range(STEPS):
-        distributed.lead(distributed.Order.TRAIN, groups)
+        distributed.lead(
+            distributed.Order.TRAIN, build.train_order(groups, staleness=None, checks=False, version=None)
+        )
         train_step(
             learner.model,
             learner.optimizer,

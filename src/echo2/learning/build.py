@@ -75,33 +75,55 @@ def place(learner: Learner, config: Config) -> Learner:
     return learner
 
 
+def step_check(config: Config, *, checks: bool, learner_version: int | None, eos_id: int | None) -> StepCheck:
+    """A step's check of the records' log-probs and sampling (a fresh one each step), the same on
+    every rank: `checks` (the source's `checks_logprobs`: False for emulated workers) and the version
+    the step trains from come from rank 0's TRAIN order."""
+    lcfg = config.learner
+    return StepCheck(
+        max_logratio=lcfg.max_logratio if checks else None,
+        learner_version=learner_version,
+        staleness=lcfg.staleness,
+        sampling=sampling_check(
+            config.rollout,
+            is_env=config.task.type == "env",
+            eos_id=eos_id,
+            snapshot_dtype=resolved_learner(lcfg).dtype,
+        )
+        if checks
+        else None,
+    )
+
+
+def train_order(groups, *, staleness: list[int] | None, checks: bool, version: int | None) -> dict[str, Any]:
+    """Rank 0's TRAIN payload: what a follower needs to take exactly rank 0's step (the same
+    records, the same `fresh` rows, the same check)."""
+    return {"groups": groups, "staleness": staleness, "checks": checks, "version": version}
+
+
 def follow(config: Config) -> dict[str, Any]:
     """A rank > 0: build the same learner as rank 0 (its policy on the meta device, filled from rank
     0's weights as it is sharded) and obey rank 0's orders until told to stop (distributed.obey)."""
     lcfg = config.learner
     torch.set_num_threads(config.run.threads or os.cpu_count() or 1)
     learner = place(load(config), config)
-    check = StepCheck(
-        max_logratio=lcfg.max_logratio,
-        staleness=lcfg.staleness,
-        sampling=sampling_check(
-            config.rollout,
-            is_env=config.task.type == "env",
-            eos_id=learner.tokenizer.eos_token_id,
-            snapshot_dtype=resolved_learner(lcfg).dtype,
-        ),
-    )
 
-    def train(groups) -> None:
+    def train(order: dict[str, Any]) -> None:
         train_step(
             learner.model,
             learner.optimizer,
-            groups,
+            order["groups"],
             lcfg,
             pad_id=learner.tokenizer.pad_token_id,
             temperature=config.rollout.temperature,
             ref_model=learner.ref_model,
-            check=check,
+            staleness=order["staleness"],
+            check=step_check(
+                config,
+                checks=order["checks"],
+                learner_version=order["version"],
+                eos_id=learner.tokenizer.eos_token_id,
+            ),
             grouping=getattr(config.task, "grouping", "state"),  # never a record's metadata
         )
 

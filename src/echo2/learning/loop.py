@@ -37,7 +37,7 @@ from echo2.learning.export import save_merged, write_hf_files
 from echo2.learning.lora import adapter_state, is_lora
 from echo2.learning.sources import SourceSpec, make_source
 from echo2.learning.step import train_step
-from echo2.learning.verify import StepCheck, sampling_check
+from echo2.learning.verify import StepCheck
 from echo2.metrics import MetricsWriter, read_metrics
 from echo2.preflight import removed_on_failure
 from echo2.records import Snapshot, StepReport, Trajectory
@@ -213,19 +213,11 @@ class Learner:
         groups, staleness, rollout_stats = self.source.next_groups(rcfg.prompts_per_step)
         assert all(s <= lcfg.staleness for s in staleness), "the buffer admits only version >= v - S"
         t1 = time.perf_counter()
-        distributed.lead(distributed.Order.TRAIN, groups)
         checks = self.source.checks_logprobs
-        check = StepCheck(  # a fresh one each step
-            max_logratio=lcfg.max_logratio if checks else None,
-            learner_version=state.version,
-            sampling=sampling_check(
-                rcfg,
-                is_env=isinstance(config.task, EnvTaskConfig),
-                eos_id=self.tokenizer.eos_token_id,
-                snapshot_dtype=lcfg.dtype,
-            )
-            if checks
-            else None,
+        order = build.train_order(groups, staleness=staleness, checks=checks, version=state.version)
+        distributed.lead(distributed.Order.TRAIN, order)
+        check = build.step_check(
+            config, checks=checks, learner_version=state.version, eos_id=self.tokenizer.eos_token_id
         )
         stats = train_step(
             self.model,
