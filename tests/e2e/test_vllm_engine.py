@@ -161,13 +161,14 @@ def test_multi_turn_episodes_behaviour_logprobs_match(smol):
 def test_top_p_below_one_at_temperature_one_gives_the_learners_logprobs(prompts):
     """The paper's top_p = 0.95 (T = 1): vLLM's raw log-probs are log_softmax(logits), the learner's
     recomputation, not renormalised over the nucleus. The engine loads the converted model directory
-    itself (model_source: no temporary copy) in fp32."""
+    itself (model_source: no temporary copy) in fp32. Multinomial sampling, whose log-probs are
+    vLLM's raw ones (gumbel, the default, reads processed logits: test_vllm_gumbel.py)."""
     from echo2.rollout.vllm_engine import model_source
 
     mcfg = GGUFModelConfig()
     tok = load_tokenizer(mcfg)
     model = load_model(mcfg, vocab_size=len(tok), seed=0).eval()
-    cfg = CFG.model_copy(update={"temperature": 1.0, "top_p": 0.9})
+    cfg = CFG.model_copy(update={"temperature": 1.0, "top_p": 0.9, "sampling": "multinomial"})
     engine = make_engine(cfg, model=None, tokenizer=tok, version=0, seed=0, model_dir=model_source(mcfg))
     assert engine.llm.llm_engine.model_config.logprobs_mode == "raw_logprobs"
     task, ps = prompts
