@@ -34,6 +34,13 @@ LEARNER = LearnerConfig(lr=1e-3, micro_batch_tokens=40, device="cpu", dtype="fp3
 STALENESS = [i % 2 for i in range(16)]
 
 
+def _step(model, optimizer, groups, pad_id: int) -> dict[str, float]:
+    """One step of LEARNER on the half-stale `groups`, as both sides of the comparison take it."""
+    return train_step(
+        model, optimizer, groups, LEARNER, pad_id=pad_id, temperature=TEMPERATURE, staleness=STALENESS
+    )
+
+
 def fixed_groups(model, *, pad_id: int, vocab: int) -> list[list[Trajectory]]:
     """4 groups of 4 deterministic trajectories with the model's own (on-policy) log-probs."""
     gen = torch.Generator().manual_seed(1)
@@ -101,17 +108,7 @@ def _rank(rank: int, port: int, groups, out: str) -> None:
             distributed.Order.TRAIN,
             build.train_order(groups, staleness=STALENESS, checks=False, version=None),
         )
-        stats.append(
-            train_step(
-                model,
-                optimizer,
-                groups,
-                LEARNER,
-                pad_id=tok.pad_token_id,
-                temperature=TEMPERATURE,
-                staleness=STALENESS,
-            )
-        )
+        stats.append(_step(model, optimizer, groups, tok.pad_token_id))
     state = snapshot_state(model, LEARNER)
     distributed.stop()
     torch.save({"state": state, "stats": stats}, out)
@@ -129,18 +126,7 @@ def test_two_fsdp_ranks_match_one_process(tiny, tmp_path):
 
     single = copy.deepcopy(model)
     optimizer = make_optimizer(single, LEARNER)
-    expected = [
-        train_step(
-            single,
-            optimizer,
-            groups,
-            LEARNER,
-            pad_id=tok.pad_token_id,
-            temperature=TEMPERATURE,
-            staleness=STALENESS,
-        )
-        for _ in range(STEPS)
-    ]
+    expected = [_step(single, optimizer, groups, tok.pad_token_id) for _ in range(STEPS)]
 
     out = tmp_path / "rank0.pt"
     mp.spawn(_rank, args=(_free_port(), groups, str(out)), nprocs=2, join=True)
