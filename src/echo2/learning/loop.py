@@ -98,6 +98,7 @@ def metrics_row(
         "buffer/rejected_stale": float(rejected_stale),
         "time/step": t_step,
         "time/train": t_train,
+        "time/wall": time.time(),  # when the step ended (Unix seconds): time to accuracy, across processes
         **rollout_stats,
         **signal_stats(groups),
         "throughput/train_tokens_per_s": stats["train/tokens"] / max(t_train, 1e-9),
