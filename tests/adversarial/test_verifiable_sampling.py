@@ -11,7 +11,7 @@ import dataclasses
 import torch
 from support import checked_train_step
 
-from echo2.config import ArithmeticTaskConfig, RolloutConfig
+from echo2.config import ArithmeticTaskConfig, LearnerConfig, RolloutConfig
 from echo2.data.tasks import make_task
 from echo2.data.tasks.base import to_tensors
 from echo2.learning.step import make_optimizer, response_logprobs, train_step
@@ -82,6 +82,62 @@ def test_honest_gumbel_records_pass_and_a_chosen_payload_is_refused(tiny):
     assert check.refused == []  # its log-probs are the model's own: the log-prob check cannot see it
     assert [r.record_id for r in check.sampling.refused] == [forged.record_id]
     assert stats["train/unsampled_records"] == 1
+
+
+def test_doubtful_records_are_left_out_of_the_step_without_a_strike(tiny):
+    """A margin over the tolerance but under the strike margin (honest bf16 engines reach one now
+    and then) leaves the record out untrained, listed as doubtful, not refused: the loop reports
+    only `refused` to the coordinator for strikes (issue 41 item 2)."""
+    model, tok, cfg, groups = _setup(tiny)
+    check = StepCheck(
+        max_logratio=1.0,
+        learner_version=0,
+        sampling=SamplingCheck(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens,
+            eos_id=tok.eos_token_id,
+            tolerance=-1.0,  # every margin (>= 0) is over it: every honest record is doubtful
+            strike_margin=1e9,
+        ),
+    )
+    stats = checked_train_step(
+        model, tok, groups, check, temperature=cfg.temperature, micro_batch_tokens=4096
+    )
+    records = [r for g in groups for r in g]
+    assert check.refused == [] and check.sampling.refused == []
+    assert {r.record_id for r in check.sampling.doubtful} == {r.record_id for r in records}
+    assert stats["train/doubtful_records"] == len(records) and stats["train/unsampled_records"] == 0
+    assert stats["train/grad_norm"] == 0.0, "no doubtful token is trained"
+
+
+def test_stale_records_over_the_tolerance_are_left_out_without_a_strike(tiny):
+    """The step checks stale records against its newer weights: one over the tolerance is doubtful,
+    never refused; the same records fresh are refused (found with S = 3, bench/headline.py)."""
+    model, tok, cfg, groups = _setup(tiny)
+    records = [r for g in groups for r in g]
+    for staleness in (0, 1):
+        check = StepCheck(
+            max_logratio=1.0,
+            learner_version=1,
+            sampling=SamplingCheck(
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                group_size=cfg.group_size,
+                max_new_tokens=cfg.max_new_tokens,
+                eos_id=tok.eos_token_id,
+                tolerance=-1.0,  # every record is over it, and over the strike margin (2 x -1)
+            ),
+        )
+        lcfg = LearnerConfig(lr=1e-4, micro_batch_tokens=4096)
+        copy_ = copy.deepcopy(model)
+        train_step(
+            copy_, make_optimizer(copy_, lcfg), groups, lcfg, pad_id=tok.pad_token_id,
+            temperature=cfg.temperature, staleness=[staleness] * len(records), check=check,
+        )  # fmt: skip
+        refused, doubtful = check.sampling.refused, check.sampling.doubtful
+        assert (len(refused), len(doubtful)) == ((len(records), 0) if staleness == 0 else (0, len(records)))
 
 
 def test_keys_the_worker_could_choose_are_refused(tiny):

@@ -116,6 +116,11 @@ class RolloutConfig(_Section):
     differ from the fp32 learner's. A worker may pick any token within it (docs/security.md). None:
     by the snapshot dtype engines run in, 0.5 for bf16 (bf16 engines reached 0.43), 0.01 for fp32
     (fp32 engines: under 1e-4) (rollout/sampling.py `default_tolerance`)."""
+    sampling_strike_margin: float | None = Field(None, gt=0)
+    """"gumbel": a record whose worst margin is over the tolerance but at most this is left out of
+    the step without a strike (honest bf16 engines reach such margins now and then); over it, the
+    record is refused and its worker struck. None: twice the tolerance (learning/verify.py
+    `STRIKE_FACTOR`). Values under the tolerance count as the tolerance."""
     max_new_tokens: int = Field(32, ge=1)
     """Responses are cut at this length (or at EOS)."""
     max_prompt_tokens: int = Field(256, ge=1)

@@ -339,5 +339,12 @@ def _warn_refused(check: StepCheck, step: int) -> None:
         logger.warning("%d records left out of step %d: log-probs disagree", len(check.refused), step)
     if check.sampling is not None and check.sampling.refused:
         logger.warning("%d records left out of step %d: not sampled", len(check.sampling.refused), step)
+    if check.sampling is not None and check.sampling.doubtful:
+        logger.info(
+            "%d records left out of step %d without a strike: a sampling margin over the tolerance, "
+            "under the strike margin",
+            len(check.sampling.doubtful),
+            step,
+        )
     if check.skipped:
         logger.warning("step %d not applied: loss or gradient not finite", step)

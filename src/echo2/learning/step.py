@@ -110,7 +110,10 @@ def train_step(
             logits = response_logits(model, batch)
             logp = token_logprobs(logits, batch.targets, temperature=temperature)
             if check is not None:
-                batch = _leave_out(batch, logits, logp, [records[i] for i in rows], check, newest, bad_keys)
+                stale = torch.tensor([record_staleness[i] > 0 for i in rows])
+                batch = _leave_out(
+                    batch, logits, logp, [records[i] for i in rows], check, newest, bad_keys, stale
+                )
             del logits
             ref_logp = None
             if ref_model is not None:
@@ -186,6 +189,7 @@ def _leave_out(
     check: StepCheck,
     newest: int,
     bad_keys,
+    stale: torch.Tensor,
 ):
     """`batch` without the rows whose log-probs disagree with `logp`, or (with `check.sampling`)
     whose tokens were not sampled with their noise from `logits`: their mask is zeroed and their
@@ -196,9 +200,11 @@ def _leave_out(
         bad = check.outliers(logp, batch.behaviour_logprobs, batch.loss_mask, rows, newest)
         check.refused.extend(r for r, b in zip(rows, bad.tolist(), strict=True) if b)
     if check.sampling is not None:
-        unsampled = check.sampling.unsampled(logits, batch.targets, rows, bad_keys).to(bad.device) & ~bad
-        check.sampling.refused.extend(r for r, b in zip(rows, unsampled.tolist(), strict=True) if b)
-        bad = bad | unsampled
+        refused, doubtful = check.sampling.verdicts(logits, batch.targets, rows, bad_keys, stale=stale)
+        refused, doubtful = refused.to(bad.device) & ~bad, doubtful.to(bad.device) & ~bad
+        check.sampling.refused.extend(r for r, b in zip(rows, refused.tolist(), strict=True) if b)
+        check.sampling.doubtful.extend(r for r, b in zip(rows, doubtful.tolist(), strict=True) if b)
+        bad = bad | refused | doubtful
     if not bool(bad.any()):
         return batch
     keep = (~bad).to(batch.loss_mask.dtype).unsqueeze(1)
@@ -215,6 +221,7 @@ def _sampling_stats(check: StepCheck | None) -> dict[str, float]:
         return {}
     return {
         "train/unsampled_records": float(len(check.sampling.refused)),
+        "train/doubtful_records": float(len(check.sampling.doubtful)),
         "train/sampling_margin_max": check.sampling.margin_max,
     }
 

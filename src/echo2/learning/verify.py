@@ -89,6 +89,11 @@ class TaskReferee:
 
 
 # ---------------------------------------------------------------------------- inside the step
+STRIKE_FACTOR = 2.0
+"""`SamplingCheck.strike_margin` by default: twice the tolerance (1.0 in bf16). The 1,000 honest
+bf16 poker episodes' worst margin was 0.97 (docs/benchmarks.md); that figure was known when this
+factor was chosen, so those episodes do not test it."""
+
 TOKEN_LOGRATIO = 4.0
 """Bound on any one loss token's |learner log-prob - behaviour log-prob| for a fresh record (a
 record s versions stale gets (1 + s) times it). Honest engines disagree with the fp32 learner by at
@@ -119,8 +124,16 @@ class SamplingCheck:
     """Records are environment episodes: only loss-mask (sampled) tokens are checked, and each
     reply (a run of them) must end as a generate call ends one."""
     tolerance: float = sampling.TOLERANCE
+    strike_margin: float | None = None
+    """A record whose worst margin is over `tolerance` but at most this is *doubtful*: left out of
+    the step, no strike (honest bf16 engines reach such margins now and then: 4 of 1,000 poker
+    episodes, docs/benchmarks.md). Over it, or with bad keys, the record is refused with a strike.
+    None: `STRIKE_FACTOR` times the tolerance."""
     refused: list[Trajectory] = field(default_factory=list)
-    """Records left out of the step: not sampled with their noise, or their keys are bad."""
+    """Records left out of the step with a strike: not sampled with their noise (a margin over
+    `strike_margin`), or their keys are bad."""
+    doubtful: list[Trajectory] = field(default_factory=list)
+    """Records left out of the step without a strike: a margin in (tolerance, strike_margin]."""
     tokens: int = 0
     """Tokens checked."""
     margin_max: float = 0.0
@@ -150,12 +163,40 @@ class SamplingCheck:
             return False
         return len(resp) == self.max_new_tokens or (self.eos_id is not None and resp[-1:] == (self.eos_id,))
 
+    @property
+    def strike_at(self) -> float:
+        """The margin over which a record is refused with a strike."""
+        return max(
+            self.tolerance,
+            self.strike_margin if self.strike_margin is not None else STRIKE_FACTOR * self.tolerance,
+        )
+
     def unsampled(
         self, logits: torch.Tensor, targets: torch.Tensor, records: list[Trajectory], bad_keys: set[str]
     ) -> torch.Tensor:
         """Rows [B] of `records` (right-aligned responses, as `to_tensors` lays them out) whose
         tokens `targets` [B, K] were not sampled from `logits` [B, K, V] with their noise, or whose
-        keys are in `bad_keys`."""
+        keys are in `bad_keys`: the rows `verdicts` refuses or finds doubtful."""
+        refused, doubtful = self.verdicts(logits, targets, records, bad_keys)
+        return refused | doubtful
+
+    def verdicts(
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        records: list[Trajectory],
+        bad_keys: set[str],
+        *,
+        stale: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(refused, doubtful) rows [B] of `records`: refused, a margin over `strike_at` or keys in
+        `bad_keys`; doubtful, a worst margin in (tolerance, strike_at]. Both are left out of a step.
+
+        `stale` [B] bool: rows sampled by an older version than the one whose `logits` these are.
+        Their margins measure the policy's drift as well as the noise, so a stale row over the
+        tolerance is doubtful whatever its margin, never a strike (at S = 3 and lr 1e-5 a quarter of
+        honest stale records went over; bench/headline.py's docstring). Checking them against their
+        own version's snapshot would keep both the strike and the records; not done."""
         num_pos = targets.shape[1]
         bad = torch.tensor([r.record_id in bad_keys for r in records])
         starts = torch.tensor([num_pos - len(r.response_ids) for r in records])
@@ -187,7 +228,12 @@ class SamplingCheck:
         finite = checked[torch.isfinite(checked)]
         self.tokens += checked.numel()
         self.margin_max = max(self.margin_max, float(finite.max()) if finite.numel() else 0.0)
-        return bad | ~verdict.ok.cpu()
+        worst = (
+            verdict.margins.amax(dim=1).cpu() if num_pos else torch.zeros(len(records), dtype=torch.float64)
+        )
+        over = worst > self.strike_at
+        refused = bad | (over if stale is None else over & ~stale.cpu())
+        return refused, ~verdict.ok.cpu() & ~refused
 
 
 def sampling_check(
@@ -206,6 +252,7 @@ def sampling_check(
         eos_id=eos_id,
         episodes=is_env,
         tolerance=rollout.sampling_tolerance or sampling.default_tolerance(snapshot_dtype),
+        strike_margin=rollout.sampling_strike_margin,
     )
 
 
