@@ -35,17 +35,23 @@ def _setup(tiny):
     return model, tok, cfg, groups
 
 
+def _sampling(tok, cfg, **kw) -> SamplingCheck:
+    """The learner's sampling check for `cfg`'s records (`kw`: tolerance, strike_margin)."""
+    return SamplingCheck(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        eos_id=tok.eos_token_id,
+        **kw,
+    )
+
+
 def _step(model, tok, cfg, groups):
     check = StepCheck(
         max_logratio=1.0,
         learner_version=0,
-        sampling=SamplingCheck(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            eos_id=tok.eos_token_id,
-        ),
+        sampling=_sampling(tok, cfg),
     )
     stats = checked_train_step(
         model, tok, groups, check, temperature=cfg.temperature, micro_batch_tokens=4096
@@ -92,15 +98,7 @@ def test_doubtful_records_are_left_out_of_the_step_without_a_strike(tiny):
     check = StepCheck(
         max_logratio=1.0,
         learner_version=0,
-        sampling=SamplingCheck(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            eos_id=tok.eos_token_id,
-            tolerance=-1.0,  # every margin (>= 0) is over it: every honest record is doubtful
-            strike_margin=1e9,
-        ),
+        sampling=_sampling(tok, cfg, tolerance=-1.0, strike_margin=1e9),  # every honest record is doubtful
     )
     stats = checked_train_step(
         model, tok, groups, check, temperature=cfg.temperature, micro_batch_tokens=4096
@@ -121,14 +119,7 @@ def test_stale_records_over_the_tolerance_are_left_out_without_a_strike(tiny):
         check = StepCheck(
             max_logratio=1.0,
             learner_version=1,
-            sampling=SamplingCheck(
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                group_size=cfg.group_size,
-                max_new_tokens=cfg.max_new_tokens,
-                eos_id=tok.eos_token_id,
-                tolerance=-1.0,  # every record is over it, and over the strike margin (2 x -1)
-            ),
+            sampling=_sampling(tok, cfg, tolerance=-1.0),  # every record is over it and the strike margin
         )
         lcfg = LearnerConfig(lr=1e-4, micro_batch_tokens=4096)
         copy_ = copy.deepcopy(model)
