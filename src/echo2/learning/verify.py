@@ -194,8 +194,8 @@ class SamplingCheck:
 
         `stale` [B] bool: rows sampled by an older version than the one whose `logits` these are.
         Their margins measure the policy's drift as well as the noise, so a stale row over the
-        tolerance is doubtful whatever its margin, never a strike (at S = 3 and lr 1e-5 a quarter of
-        honest stale records went over; bench/headline.py's docstring). Checking them against their
+        tolerance is doubtful whatever its margin, never a strike (at S = 3 and lr 1e-5, 4-15 of 32
+        honest records a step went over; bench/headline.py's docstring). Checking them against their
         own version's snapshot would keep both the strike and the records; not done."""
         num_pos = targets.shape[1]
         bad = torch.tensor([r.record_id in bad_keys for r in records])
