@@ -7,8 +7,11 @@ runs the in-process engine, then the server engine, so the two are measured side
 run, alternating, on the same 2 cores (only one generates at a time). tokens/s = generated tokens
 (EOS included) / wall time of one `generate` call. An install is the learner's snapshot as a worker
 receives it (safetensors bytes read lazily, `SafetensorsView`), timed from `install` to its return:
-in process, the tensors go to vLLM by reference; through the server, the bytes are written to a
-file, hashed, and loaded and proven by the server (pause, collective_rpc, reset, version, resume).
+in process, the tensors go to vLLM by reference; through the server, the bytes are first written to
+a file and hashed (`stage`, timed apart: a worker does it before it stops generating, while the
+server goes on serving), then `install` has the server load and prove it (pause, collective_rpc,
+reset, version, resume): the time generation stops. Both the install and stage + install are
+reported against the in-process install.
 Prints each repeat, the medians and their ratios; `--json` writes the raw numbers. Needs the `vllm`
 extra.
 
@@ -61,6 +64,12 @@ def timed_install(engine, snapshot: Snapshot) -> float:
     return time.perf_counter() - t0
 
 
+def timed_stage(engine, snapshot: Snapshot) -> float:
+    t0 = time.perf_counter()
+    engine.stage(snapshot)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
@@ -104,17 +113,19 @@ def main() -> None:
         server.install(snap)
         generate_rate(inproc, prompts, args.n, seed=0)  # warm-up, not counted
         generate_rate(server, prompts, args.n, seed=0)
-        out["inproc_install_s"], out["server_install_s"] = [], []
+        out["inproc_install_s"], out["server_stage_s"], out["server_install_s"], out["server_total_install_s"] = [], [], [], []
         for r in range(args.repeats):
             out["inproc_tokens_per_s"].append(generate_rate(inproc, prompts, args.n, seed=r))
             out["server_tokens_per_s"].append(generate_rate(server, prompts, args.n, seed=r))
             snap = received(model, r + 1, dtype)
             out["inproc_install_s"].append(timed_install(inproc, snap))
+            out["server_stage_s"].append(timed_stage(server, snap))
             out["server_install_s"].append(timed_install(server, snap))
+            out["server_total_install_s"].append(out["server_stage_s"][-1] + out["server_install_s"][-1])
             print(
                 f"repeat {r}: tokens/s in-process {out['inproc_tokens_per_s'][-1]:.0f}, server "
                 f"{out['server_tokens_per_s'][-1]:.0f}; install s in-process {out['inproc_install_s'][-1]:.2f}, "
-                f"server {out['server_install_s'][-1]:.2f}",
+                f"server stage {out['server_stage_s'][-1]:.2f} + install {out['server_install_s'][-1]:.2f}",
                 flush=True,
             )
     finally:
@@ -123,10 +134,13 @@ def main() -> None:
     out["medians"] = med
     out["server_over_inproc_tokens_per_s"] = med["server_tokens_per_s"] / med["inproc_tokens_per_s"]
     out["server_over_inproc_install_s"] = med["server_install_s"] / med["inproc_install_s"]
+    out["server_over_inproc_total_install_s"] = med["server_total_install_s"] / med["inproc_install_s"]
     print(
         f"median tokens/s: in-process {med['inproc_tokens_per_s']:.0f}, server {med['server_tokens_per_s']:.0f} "
-        f"(ratio {out['server_over_inproc_tokens_per_s']:.3f}); median install s: in-process "
-        f"{med['inproc_install_s']:.2f}, server {med['server_install_s']:.2f} (ratio {out['server_over_inproc_install_s']:.2f})"
+        f"(ratio {out['server_over_inproc_tokens_per_s']:.3f}); median install s (generation stopped): in-process "
+        f"{med['inproc_install_s']:.2f}, server {med['server_install_s']:.2f} (ratio {out['server_over_inproc_install_s']:.2f}); "
+        f"server stage {med['server_stage_s']:.2f}, stage + install {med['server_total_install_s']:.2f} "
+        f"(ratio {out['server_over_inproc_total_install_s']:.2f})"
     )
     print(json.dumps(out))
     write_json(args.json, out)

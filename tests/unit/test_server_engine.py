@@ -137,7 +137,33 @@ def test_install_pauses_loads_proves_versions_and_resumes(stub):
     assert len(rpc["args"][1]) == 64  # the file's digest: the stub took it again and compared
     written = Path(rpc["args"][0])
     assert not written.exists() and not written.parent.exists(), "the file goes once the server has read it"
-    assert not list(engine.install_dir.iterdir())
+    assert not engine.staged
+
+
+def test_staging_writes_the_install_file_without_pausing_the_server(stub):
+    s, url = stub
+    engine = engine_on(url)
+    engine.stage(snapshot(1))
+    assert paths(s) == [], "staging talks to no route: the server goes on serving"
+    staged = engine.staged[1]
+    assert staged.path.is_file() and staged.partial is False
+    engine.install(snapshot(1))
+    rpc = next(b for p, b in s.calls if p == "/collective_rpc")
+    assert rpc["args"][:2] == [str(staged.path), staged.digest], "the staged file and digest, not a second write"
+    assert engine.version == 1 and not staged.folder.exists() and not engine.staged
+    assert len(engine.install_s) == 1 and len(engine.stage_s) == 1
+
+
+def test_a_newer_stage_or_close_drops_the_files_never_installed(stub):
+    s, url = stub
+    engine = engine_on(url)
+    engine.stage(snapshot(2))
+    old = engine.staged[2].folder
+    engine.stage(snapshot(3))
+    assert not old.exists() and set(engine.staged) == {3}
+    newest = engine.staged[3].folder
+    engine.close()
+    assert not newest.exists() and not engine.staged
 
 
 @pytest.mark.parametrize(

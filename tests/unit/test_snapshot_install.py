@@ -108,6 +108,37 @@ def test_a_worker_installs_a_full_snapshot_tensor_by_tensor_from_its_chunks():
     assert exact == [True] * 4, "each lookup read exactly that tensor's bytes"
 
 
+def test_a_worker_stages_an_install_while_generation_holds_the_engine():
+    events: list[tuple[str, bool]] = []
+    worker = Worker(WorkerConfig(url="http://127.0.0.1:1", token="t", name="w"))
+
+    class Engine:  # the server engine's two steps
+        version = -1
+
+        def stage(self, snapshot):
+            events.append(("stage", worker.engine_lock.locked()))
+
+        def install(self, snapshot):
+            events.append(("install", worker.engine_lock.locked()))
+            self.version = snapshot.version
+
+    worker.engine = Engine()
+    worker.engine_ready.set()
+
+    async def main():
+        async with worker.engine_lock:  # a generation in flight
+            task = asyncio.create_task(worker.install_snapshot(3, SnapshotBytes.of(save(state()))))
+            for _ in range(500):
+                if events:
+                    break
+                await asyncio.sleep(0.01)
+            assert events == [("stage", True)], "staged while the generation held the engine"
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+    assert events == [("stage", True), ("install", True)] and worker.engine.version == 3
+
+
 def test_an_adapter_snapshot_reaches_the_engine_as_a_dict():
     adapter = {
         "model.layers.0.q_proj" + LORA_A: torch.ones(2, 8),

@@ -21,8 +21,10 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from echo2.config import Config, ConfigError, RolloutConfig
@@ -42,6 +44,16 @@ PARALLEL_REQUESTS = 64
 """Requests in flight at once from one engine (the server schedules and batches them)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A version's install file, written and hashed, waiting for `ServerEngine.install`."""
+
+    folder: Path
+    path: Path
+    digest: str
+    partial: bool
+
+
 class ServerEngine:
     def __init__(
         self,
@@ -53,7 +65,6 @@ class ServerEngine:
         version: int = -1,
         base_model=None,
         launched: LaunchedServer | None = None,
-        install_dir: Path | None = None,
     ) -> None:
         self.tokenizer, self.config, self.admin = tokenizer, config, admin
         self.client: Client = admin.client
@@ -62,9 +73,12 @@ class ServerEngine:
         self.eos_id = tokenizer.eos_token_id
         self.lora_base: dict = {}
         self.packed_modules: dict | None = None
-        self.install_dir = Path(install_dir or tempfile.mkdtemp(prefix="echo2-installs-"))
         self.pool = ThreadPoolExecutor(PARALLEL_REQUESTS, thread_name_prefix="echo2-server")
         self.install_s: list[float] = []
+        self.stage_s: list[float] = []
+        self.staged: dict[int, Staged] = {}
+        """Versions whose install file is written and hashed (`stage`), not yet installed."""
+        self._staging = threading.RLock()
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -106,25 +120,50 @@ class ServerEngine:
             raise
 
     # ------------------------------------------------------------------ installs
-    def install(self, snapshot: Snapshot) -> None:
-        """Write the snapshot to a file of its own, have the server load and prove it; `version`
-        changes only when it did (InstallFailed otherwise, `version` = what the server serves)."""
-        start = time.perf_counter()
-        state, partial = snapshot.state, False
-        if snapshot.is_adapter:
-            from echo2.rollout.vllm_engine import merged_layers
+    def stage(self, snapshot: Snapshot) -> None:
+        """Write `snapshot`'s install file and take its digest while the server goes on serving:
+        the part of an install that needs no pause. The worker calls it before it takes the
+        engine lock (rollout/worker.py `install_snapshot`), so generation waits only for
+        `install`'s pause, load, proof and resume; `install` stages a version not staged yet.
+        Staging a version drops the files of older ones staged and never installed."""
+        with self._staging:
+            if snapshot.version in self.staged:
+                return
+            start = time.perf_counter()
+            state, partial = snapshot.state, False
+            if snapshot.is_adapter:
+                from echo2.rollout.vllm_engine import merged_layers
 
-            if not hasattr(self.admin, "rpc"):
-                raise InstallFailed(f"{self.admin.backend}: LoRA adapter snapshots need the vllm backend",
-                                    served=self.version)  # fmt: skip
-            if self.packed_modules is None:
-                self.packed_modules = self.admin.rpc("echo2_packed_modules")[0]
-            state = merged_layers(self.base_model, dict(snapshot.state), self.lora_base, self.packed_modules)
-            partial = True
-        folder = install_folder(self.install_dir, snapshot.version, state_bytes(state))
-        path, digest = write_snapshot(state, folder / "model.safetensors")
+                if not hasattr(self.admin, "rpc"):
+                    raise InstallFailed(f"{self.admin.backend}: LoRA adapter snapshots need the vllm backend",
+                                        served=self.version)  # fmt: skip
+                if self.packed_modules is None:
+                    self.packed_modules = self.admin.rpc("echo2_packed_modules")[0]
+                state = merged_layers(self.base_model, dict(snapshot.state), self.lora_base, self.packed_modules)
+                partial = True
+            folder = install_folder(snapshot.version, state_bytes(state))
+            try:
+                path, digest = write_snapshot(state, folder / "model.safetensors")
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            self._drop_staged(below=snapshot.version)
+            self.staged[snapshot.version] = Staged(folder, path, digest, partial)
+            self.stage_s.append(time.perf_counter() - start)
+
+    def install(self, snapshot: Snapshot) -> None:
+        """Have the server load and prove the snapshot's install file (`stage`d now if it was not
+        before); `version` changes only when it did (InstallFailed otherwise, `version` = what the
+        server serves). The file is removed either way. `install_s`: this call's seconds, the
+        time generation waits in the worker."""
+        start = time.perf_counter()
+        with self._staging:
+            self.stage(snapshot)
+            staged = self.staged.pop(snapshot.version)
         try:
-            self.admin.install(path, digest=digest, version=snapshot.version, partial=partial, served=self.version)
+            self.admin.install(
+                staged.path, digest=staged.digest, version=snapshot.version, partial=staged.partial, served=self.version
+            )
         except InstallFailed as e:
             if self.launched is not None:
                 self.launched.check_alive()
@@ -132,32 +171,38 @@ class ServerEngine:
             logger.warning("version %d not installed (serving %d): %s", snapshot.version, e.served, e)
             raise
         finally:  # the server has read it (or will never)
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(staged.folder, ignore_errors=True)
         self.version = snapshot.version
         self.install_s.append(time.perf_counter() - start)
         logger.debug("installed version %d in %.2f s", snapshot.version, self.install_s[-1])
+
+    def _drop_staged(self, *, below: int | None = None) -> None:
+        for version in [v for v in self.staged if below is None or v < below]:
+            shutil.rmtree(self.staged.pop(version).folder, ignore_errors=True)
 
     def close(self) -> None:
         """Stop a launched server (by its pid), drop the install files."""
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+        with self._staging:
+            self._drop_staged()
         if self.launched is not None:
             self.launched.stop()
-        shutil.rmtree(self.install_dir, ignore_errors=True)
 
 
 SHM = Path("/dev/shm")
 
 
-def install_folder(base: Path, version: int, nbytes: int) -> Path:
-    """Where version's install file goes: /dev/shm (memory; the file lives only while the server
-    loads it, and writing it costs no disk I/O) when it has twice the snapshot free, else `base`."""
+def install_folder(version: int, nbytes: int) -> Path:
+    """A new folder for version's install file: in /dev/shm (memory; the file lives only while the
+    server loads it, and writing it costs no disk I/O) when it has twice the snapshot free, else in
+    the temporary directory (removed with the file after the install)."""
     try:
         if shutil.disk_usage(SHM).free >= 2 * nbytes:
             return Path(tempfile.mkdtemp(prefix=f"echo2-v{version}-", dir=SHM))
     except OSError:
         pass
-    return base / f"v{version}"
+    return Path(tempfile.mkdtemp(prefix=f"echo2-v{version}-"))
 
 
 def state_bytes(state) -> int:

@@ -284,7 +284,8 @@ class Worker:
         A full snapshot goes in tensor by tensor from the chunks the relay holds anyway
         (`SafetensorsView`: the engine copies each tensor as it is read), so the worker never
         holds a second copy of it; an adapter (small) is read whole while the engine may still
-        generate, since merging it needs every layer."""
+        generate, since merging it needs every layer. An engine with a `stage` step (the server
+        engine: writing its install file) takes it before the lock, while generation goes on."""
         from echo2.records import Snapshot
         from echo2.rollout.safetensors_view import SafetensorsView
 
@@ -295,6 +296,9 @@ class Worker:
         )
         if snapshot.is_adapter:
             snapshot = Snapshot(version=version, state=await asyncio.to_thread(dict, snapshot.state))
+        stage = getattr(self.engine, "stage", None)
+        if stage is not None:  # the server engine writes its install file while generation goes on
+            await asyncio.to_thread(stage, snapshot)
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.install, snapshot)
         logger.info("installed version %d", version)
