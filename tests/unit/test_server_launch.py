@@ -123,3 +123,37 @@ def test_worker_refuses_a_remote_server_without_a_key(monkeypatch, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("echo2: config error: rollout.server.url: http://10.1.2.3:8000 is not")
+
+
+def test_a_running_worker_whose_server_samples_otherwise_exits_2_with_one_line(monkeypatch, capsys):
+    """The check runs when the worker builds its engine from the run config the coordinator sent
+    (not at --dry-run): a server attached by url started with the wrong log-prob mode stops
+    `echo2 worker` with status 2 and one line naming the key. Only the registration is faked."""
+    from types import SimpleNamespace
+
+    from server_stub import Stub
+
+    from echo2.cli import main
+    from echo2.config import load_config
+    from echo2.rollout.membership import Membership
+
+    config = load_config(TINY, {"rollout.engine": "server", "rollout.sampling": "multinomial"})
+
+    async def registered(self, stop, *, install, work):  # the coordinator sent `config`
+        self.registration = SimpleNamespace(run=SimpleNamespace(config=lambda: config))
+        await work()
+
+    monkeypatch.setattr(Membership, "serve", registered)
+    stub = Stub()
+    url = stub.start()
+    try:
+        stub.settings |= {"logprobs_mode": "raw_logits"}
+        argv = ["worker", "--coordinator", "http://127.0.0.1:1", "--token", "t", "--engine", "server",
+                "--server-url", url, "-q"]  # fmt: skip
+        assert main(argv) == 2
+    finally:
+        stub.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("echo2: config error: rollout.server.url: "), err
+    assert "raw_logits" in err[0] and "Traceback" not in err[0]
+    assert any(p == "/collective_rpc" for p, _ in stub.calls), "the check asked the server"
