@@ -7,7 +7,9 @@ the quickstart's bf16 steps at lr 1e-6 do: 0.64% per step, docs/benchmarks.md "D
 of `--mb` MB (269 = SmolLM2-135M's bf16 wire snapshot). `broadcast.delta.encode` and `apply` are
 timed with `threads=1` and with `threads=N` (default: every core), the two alternating run by run,
 wall clock (`time.perf_counter`); each delta is checked to be the same bytes on both, and each
-rebuild bit for bit. Medians over `--runs` and the ratio of the medians; throughput is MB (1e6
+rebuild bit for bit. Decode is timed as a worker runs it (the base's SHA-256 given: the worker took
+it when it received the base, rollout/broadcast_client.py) and, beside it, hashing the base again
+(`decode_hashing_base_s`, the path before that change and of a caller that holds no digest). Medians over `--runs` and the ratio of the medians; throughput is MB (1e6
 bytes) of full snapshot per wall second (1 Gbit/s is 125 MB/s).
 
     OMP_NUM_THREADS=1 python bench/delta_threads.py --json docs/bench/delta_threads.json
@@ -45,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     pair = Pair(int(args.mb * 1e6), args.seed)
     base, new = pair.base, pair.successor(args.fraction)
     mb = len(new) / 1e6
-    sides = {1: {"encode_s": [], "decode_s": []}, args.threads: {"encode_s": [], "decode_s": []}}
+    import hashlib
+
+    base_sha256 = hashlib.sha256(base).hexdigest()
+    sides = {n: {"encode_s": [], "decode_s": [], "decode_hashing_base_s": []} for n in (1, args.threads)}
     reference = None
     for run in range(args.runs):
         for n in (1, args.threads) if run % 2 == 0 else (args.threads, 1):
@@ -53,11 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             if reference is None:
                 reference = delta
             assert delta == reference, "the delta depends on the thread count"
-            out, dec = timed(lambda n=n, delta=delta: apply(base, delta, threads=n))
+            out, dec = timed(lambda n=n, delta=delta: apply(base, delta, threads=n, base_sha256=base_sha256))
+            assert out == new, "the rebuild differs from the successor"
+            out, dec_hb = timed(lambda n=n, delta=delta: apply(base, delta, threads=n))
             assert out == new, "the rebuild differs from the successor"
             sides[n]["encode_s"].append(enc)
             sides[n]["decode_s"].append(dec)
-            print(f"run {run} threads {n}: encode {enc:.3f} s, decode {dec:.3f} s", file=sys.stderr)
+            sides[n]["decode_hashing_base_s"].append(dec_hb)
+            print(f"run {run} threads {n}: encode {enc:.3f} s, decode {dec:.3f} s "
+                  f"(hashing the base: {dec_hb:.3f} s)", file=sys.stderr)  # fmt: skip
     result: dict = {
         "command": " ".join(
             ["python", "bench/delta_threads.py", *(argv if argv is not None else sys.argv[1:])]
@@ -78,14 +87,18 @@ def main(argv: list[str] | None = None) -> int:
             "decode_median_s": d,
             "encode_mb_s": mb / e,
             "decode_mb_s": mb / d,
+            "decode_hashing_base_median_s": statistics.median(t["decode_hashing_base_s"]),
         }
     one, many = result["sides"]["1"], result["sides"][str(args.threads)]
     result["encode_speedup"] = one["encode_median_s"] / many["encode_median_s"]
     result["decode_speedup"] = one["decode_median_s"] / many["decode_median_s"]
+    result["decode_hashing_base_speedup"] = one["decode_hashing_base_median_s"] / many["decode_hashing_base_median_s"]
+    result["decode_one_core_before_over_all_cores"] = one["decode_hashing_base_median_s"] / many["decode_median_s"]
     print(
         f"{mb:.0f} MB, delta {100 * result['delta_ratio']:.2f}%: encode {one['encode_mb_s']:.0f} -> "
         f"{many['encode_mb_s']:.0f} MB/s ({result['encode_speedup']:.2f}x on {args.threads} threads), "
-        f"decode {one['decode_mb_s']:.0f} -> {many['decode_mb_s']:.0f} MB/s ({result['decode_speedup']:.2f}x)"
+        f"decode {one['decode_mb_s']:.0f} -> {many['decode_mb_s']:.0f} MB/s ({result['decode_speedup']:.2f}x); "
+        f"hashing the base: {result['decode_hashing_base_speedup']:.2f}x"
     )
     write_json(args.json, result)
     return 0

@@ -238,3 +238,35 @@ def test_the_delta_is_the_same_bytes_on_any_number_of_threads(model):
         assert apply(chunks, deltas[1], threads=n) == v2
     with pytest.raises(ValueError, match="threads"):
         encode(v1, v2, base_version=1, version=2, threads=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_base_whose_digest_the_holder_gives_is_not_hashed_again(model, threads):
+    """A worker holds its installed snapshot and the SHA-256 it took on receipt; `apply` then skips
+    hashing the base (one of decode's two serial hash passes), and still refuses a delta whose base
+    is another snapshot, before any work."""
+    v1 = wire(model, "bf16")
+    perturb(model, "sparse", seed=6)
+    v2 = wire(model, "bf16")
+    delta = encode(v1, v2, base_version=1, version=2)
+
+    hashed = []
+
+    class Held(SnapshotBytes):
+        __slots__ = ()
+
+        def sha256(self) -> str:
+            hashed.append(self.known_sha256 is None)
+            return super().sha256()
+
+    held = Held(split(v1, 4096), 4096)
+    assert apply(held, delta, threads=threads, base_sha256=sha(v1)) == v2
+    assert hashed == [], "the given digest stands for the base's hash"
+    with pytest.raises(BaseMismatch):
+        apply(held, delta, threads=threads, base_sha256=sha(v2))
+    assert apply(held, delta, threads=threads) == v2 and hashed == [True], "without it, hashed once"
+    assert apply(held, delta, threads=threads) == v2 and hashed == [True], "then its kept digest"
+    assert apply(v1, delta, threads=threads, base_sha256=sha(v1)) == v2, "plain bytes with a given digest"
+    other = SnapshotBytes(split(v2, 4096), 4096)
+    with pytest.raises(BaseMismatch, match="needs base"):
+        apply(other, delta, threads=threads)

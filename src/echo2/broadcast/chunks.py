@@ -43,13 +43,16 @@ class SnapshotBytes:
     second copy of the snapshot (rollout/safetensors_view.py). Holds the chunk objects by
     reference; whoever builds it vouches for them (`ChunkStore.snapshot`: every one verified)."""
 
-    __slots__ = ("_chunks", "_chunk_size", "size")
+    __slots__ = ("_chunks", "_chunk_size", "size", "_sha256")
 
-    def __init__(self, chunks: list[bytes], chunk_size: int) -> None:
+    def __init__(self, chunks: list[bytes], chunk_size: int, *, sha256: str | None = None) -> None:
+        """`sha256`: the bytes' SHA-256 when the builder has already checked it (a delta's rebuild);
+        else taken on the first `sha256()` and kept (the chunks are never written to)."""
         if chunk_size <= 0 or any(len(c) != chunk_size for c in chunks[:-1]):
             raise ValueError("every chunk but the last must be chunk_size bytes")
         self._chunks, self._chunk_size = chunks, chunk_size
         self.size = sum(len(c) for c in chunks)
+        self._sha256 = sha256
 
     @classmethod
     def of(cls, data: bytes) -> SnapshotBytes:
@@ -81,11 +84,18 @@ class SnapshotBytes:
         return out
 
     def sha256(self) -> str:
-        """SHA-256 of the whole snapshot, fed chunk by chunk."""
-        h = hashlib.sha256()
-        for chunk in self._chunks:
-            h.update(chunk)
-        return h.hexdigest()
+        """SHA-256 of the whole snapshot, fed chunk by chunk the first time, then kept."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            for chunk in self._chunks:
+                h.update(chunk)
+            self._sha256 = h.hexdigest()
+        return self._sha256
+
+    @property
+    def known_sha256(self) -> str | None:
+        """The SHA-256 if already taken or given, else None (nothing is hashed)."""
+        return self._sha256
 
     def __bytes__(self) -> bytes:
         return b"".join(self._chunks)

@@ -230,11 +230,23 @@ def read_header(delta: bytes | bytearray | memoryview) -> tuple[DeltaHeader, int
     return header, 16 + n
 
 
-def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int | None = None) -> bytearray:
+def apply(
+    base: Buffer,
+    delta: bytes | bytearray | memoryview,
+    *,
+    threads: int | None = None,
+    base_sha256: str | None = None,
+) -> bytearray:
     """The snapshot `delta` encodes, rebuilt on `base`: bit for bit the full snapshot, its SHA-256
     checked against the header. `BaseMismatch` if `base` is not the delta's base (fetch the full
     snapshot); VerificationError if the delta is malformed or tampered with. Segments are rebuilt
-    on `threads` threads (default: every core), each into its own bytes of the result."""
+    on `threads` threads (default: every core), each into its own bytes of the result.
+
+    `base_sha256`: the base's SHA-256 as its holder took it when the base was verified; the base is
+    then not hashed again, and whoever passes it vouches that `base` has not changed since. A base
+    held as `SnapshotBytes` gives its own `known_sha256` (a worker's installed snapshot was hashed
+    on receipt, rollout/broadcast_client.py). Hashing the base was one of decode's two serial
+    SHA-256 streams (docs/benchmarks.md)."""
     header, payload_start = read_header(delta)
     if len(base) != header.base_size:
         raise BaseMismatch(
@@ -276,12 +288,17 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int |
         values = _unplanes(raw[4 * s.count :], s.width).view(f"<u{s.width}")
         dest.view(f"<u{s.width}")[positions] ^= values
 
-    def base_sha256() -> str:
+    def hash_base() -> str:
         return base.sha256() if isinstance(base, SnapshotBytes) else hashlib.sha256(base).hexdigest()
 
     n = _threads(threads, len(header.segments))
+    if base_sha256 is None and isinstance(base, SnapshotBytes):
+        base_sha256 = base.known_sha256
+    if base_sha256 is not None:  # known: checked before any work
+        _check_base(header, base_sha256, len(base))
     if n == 1:  # one core: the base checked first, then each segment, then the result hashed
-        _check_base(header, base_sha256(), len(base))
+        if base_sha256 is None:
+            _check_base(header, hash_base(), len(base))
         for s in header.segments:
             one(s)
         got = hashlib.sha256(out).hexdigest()
@@ -289,11 +306,12 @@ def apply(base: Buffer, delta: bytes | bytearray | memoryview, *, threads: int |
         digest = hashlib.sha256()
         view = memoryview(out)
         with ThreadPoolExecutor(max_workers=n) as pool:
-            base_hash = pool.submit(base_sha256)
+            base_hash = pool.submit(hash_base) if base_sha256 is None else None
             for s, done in [(s, pool.submit(one, s)) for s in header.segments]:
                 done.result()  # the first segment's error, in the header's order
                 digest.update(view[s.start : s.end])  # segments are contiguous from 0 (DeltaHeader)
-            _check_base(header, base_hash.result(), len(base))  # a mismatch discards the result
+            if base_hash is not None:
+                _check_base(header, base_hash.result(), len(base))  # a mismatch discards the result
         got = digest.hexdigest()
     if got != header.sha256:
         raise VerificationError(

@@ -226,7 +226,7 @@ class BroadcastClient:
         self.store.skip(version)
         self.forms[version] = "delta"
         self._digest(version, manifest.sha256)  # `_rebuild` checked the bytes against it
-        return SnapshotBytes([rebuilt], max(len(rebuilt), 1))  # not copied
+        return SnapshotBytes([rebuilt], max(len(rebuilt), 1), sha256=manifest.sha256)  # not copied
 
     def _digest(self, version: int, sha256: str) -> None:
         self.digests[version] = sha256
